@@ -1,0 +1,447 @@
+//! Alert rules (SPEC §7): every action Hermes takes, and every alarm it
+//! raises, becomes an [`AlertEvent`] (`schemas/alert_event.avsc`).
+//!
+//! Actions (transitions, weight changes, overrides) are never suppressed:
+//! they are the audit trail. Alarms (oscillation, 429 spikes, quota, silence,
+//! upstream unavailable) are deduplicated per (channel, kind) within
+//! `alerts.dedup_window_ms` of event time.
+//!
+//! Severity, from the seeds: error rate above 2 % together with P99 above
+//! 800 ms is P1; P99 above 800 ms alone is P2; oscillation is P2; more than 6
+//! consecutive probe failures is P1 "upstream unavailable". A drain on the
+//! consecutive-failure fast path is P1 (the channel is down, not slow).
+
+use crate::config::AlertConfig;
+use crate::event::avro_enum;
+use crate::score::Score;
+use crate::signals::Signals;
+use crate::state::{Change, StateKind, TransitionReason};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+avro_enum! {
+    /// What an alert is about.
+    AlertKind, fallback = Other, {
+        Transition => "TRANSITION",
+        WeightChange => "WEIGHT_CHANGE",
+        Override => "OVERRIDE",
+        Oscillation => "OSCILLATION",
+        RateLimitSpike => "RATE_LIMIT_SPIKE",
+        QuotaForecast => "QUOTA_FORECAST",
+        SilentChannel => "SILENT_CHANNEL",
+        DecodeErrorSpike => "DECODE_ERROR_SPIKE",
+        UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
+        Degraded => "DEGRADED",
+        Other => "OTHER",
+    }
+}
+
+avro_enum! {
+    /// P1 pages someone; INFO is the audit trail.
+    Severity, fallback = Info, {
+        P1 => "P1",
+        P2 => "P2",
+        P3 => "P3",
+        Info => "INFO",
+    }
+}
+
+/// One alert, as published on `hermes.alerts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertEvent {
+    pub alert_id: String,
+    pub event_time_ms: i64,
+    pub route_group: String,
+    pub channel_id: Option<String>,
+    pub kind: AlertKind,
+    pub severity: Severity,
+    pub from_state: Option<String>,
+    pub to_state: Option<String>,
+    pub reason: String,
+    pub score: Option<f64>,
+    pub breakdown: BTreeMap<String, f64>,
+    pub weight: Option<f64>,
+    pub message: String,
+}
+
+impl AlertEvent {
+    /// Encodes the alert as a bare Avro datum in `alert_event.avsc`.
+    pub fn to_avro(&self) -> Result<Vec<u8>, crate::codec::CodecError> {
+        let mut cfg = serde_avro_fast::ser::SerializerConfig::new(crate::codec::alert_schema());
+        serde_avro_fast::to_datum_vec(self, &mut cfg).map_err(|e| {
+            crate::codec::CodecError::Malformed {
+                reason: format!("cannot encode alert: {e}"),
+            }
+        })
+    }
+
+    /// Decodes an alert datum (consumers and tests).
+    pub fn from_avro(bytes: &[u8]) -> Result<AlertEvent, crate::codec::CodecError> {
+        serde_avro_fast::from_datum_slice(bytes, crate::codec::alert_schema()).map_err(|e| {
+            crate::codec::CodecError::Malformed {
+                reason: format!("cannot decode alert: {e}"),
+            }
+        })
+    }
+}
+
+/// What the rules need to know about the channel an alert concerns.
+pub struct Subject<'a> {
+    pub group: &'a str,
+    pub channel: &'a str,
+    /// Dense channel index, for the dedup table.
+    pub index: u32,
+}
+
+fn breakdown_map(score: Option<&Score>) -> BTreeMap<String, f64> {
+    score
+        .map(|s| {
+            s.breakdown()
+                .into_iter()
+                .map(|(k, c)| (k.name().to_string(), c))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Stateful alert rules: dedup memory and a sequence for deterministic ids.
+pub struct AlertRules {
+    cfg: AlertConfig,
+    last_raised: ahash::AHashMap<(u32, AlertKind), i64>,
+    seq: u64,
+}
+
+impl AlertRules {
+    pub fn new(cfg: AlertConfig) -> AlertRules {
+        AlertRules {
+            cfg,
+            last_raised: ahash::AHashMap::new(),
+            seq: 0,
+        }
+    }
+
+    fn id(&mut self, channel: &str, kind: AlertKind, t: i64) -> String {
+        self.seq += 1;
+        format!("{channel}/{}/{t}/{}", kind.as_str(), self.seq)
+    }
+
+    /// Severity of a move to a worse state, from the signals behind it.
+    pub fn degradation_severity(&self, reason: &TransitionReason, signals: &Signals) -> Severity {
+        if matches!(reason, TransitionReason::ConsecutiveFailures { .. }) {
+            return Severity::P1;
+        }
+        let p99_high = signals
+            .latency
+            .is_some_and(|l| l.p99_ms > self.cfg.p1_p99_ms);
+        let errors_high = signals
+            .error_rate
+            .is_some_and(|e| e > self.cfg.p1_error_rate);
+        match (errors_high, p99_high) {
+            (true, true) => Severity::P1,
+            (_, true) => Severity::P2,
+            _ => Severity::P3,
+        }
+    }
+
+    /// The alert for one state-machine change. Never deduplicated.
+    pub fn on_change(
+        &mut self,
+        who: &Subject<'_>,
+        change: &Change,
+        score: Option<&Score>,
+        signals: &Signals,
+    ) -> AlertEvent {
+        let worse = |k: StateKind| matches!(k, StateKind::AtRisk | StateKind::Drained);
+        let (kind, severity) = match change.reason {
+            TransitionReason::PinApplied | TransitionReason::PinReleased => {
+                (AlertKind::Override, Severity::P3)
+            }
+            TransitionReason::RecoveryStep { .. } => (AlertKind::WeightChange, Severity::Info),
+            _ if worse(change.to) && change.from != StateKind::Drained => (
+                AlertKind::Transition,
+                self.degradation_severity(&change.reason, signals),
+            ),
+            _ => (AlertKind::Transition, Severity::Info),
+        };
+        let message = if change.is_transition() {
+            format!(
+                "channel {} {} -> {} ({}), weight {:.2} -> {:.2}",
+                who.channel,
+                change.from,
+                change.to,
+                change.reason,
+                change.weight_before,
+                change.weight_after
+            )
+        } else {
+            format!(
+                "channel {} {} ({}), weight {:.2} -> {:.2}",
+                who.channel, change.to, change.reason, change.weight_before, change.weight_after
+            )
+        };
+        AlertEvent {
+            alert_id: self.id(who.channel, kind, change.at_ms),
+            event_time_ms: change.at_ms,
+            route_group: who.group.to_string(),
+            channel_id: Some(who.channel.to_string()),
+            kind,
+            severity,
+            from_state: Some(change.from.as_str().to_string()),
+            to_state: Some(change.to.as_str().to_string()),
+            reason: change.reason.to_string(),
+            score: score.map(|s| s.value),
+            breakdown: breakdown_map(score),
+            weight: Some(change.weight_after),
+            message,
+        }
+    }
+
+    /// Raises an alarm unless the same (channel, kind) was raised within the
+    /// dedup window.
+    #[allow(clippy::too_many_arguments)]
+    pub fn alarm(
+        &mut self,
+        who: &Subject<'_>,
+        kind: AlertKind,
+        severity: Severity,
+        now_ms: i64,
+        reason: String,
+        message: String,
+        score: Option<&Score>,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        let key = (who.index, kind);
+        if self
+            .last_raised
+            .get(&key)
+            .is_some_and(|t| now_ms - *t < self.cfg.dedup_window_ms)
+        {
+            return;
+        }
+        self.last_raised.insert(key, now_ms);
+        out.push(AlertEvent {
+            alert_id: self.id(who.channel, kind, now_ms),
+            event_time_ms: now_ms,
+            route_group: who.group.to_string(),
+            channel_id: Some(who.channel.to_string()),
+            kind,
+            severity,
+            from_state: None,
+            to_state: None,
+            reason,
+            score: score.map(|s| s.value),
+            breakdown: breakdown_map(score),
+            weight: None,
+            message,
+        });
+    }
+
+    /// Alarms read off one evaluation's signals.
+    pub fn on_evaluation(
+        &mut self,
+        who: &Subject<'_>,
+        now_ms: i64,
+        signals: &Signals,
+        score: &Score,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        let total = signals.short_real.requests + signals.short_probe.requests;
+        if let Some(r) = signals.rate_limited_rate {
+            if r > self.cfg.rate_limit_spike && total >= 20 {
+                self.alarm(
+                    who,
+                    AlertKind::RateLimitSpike,
+                    Severity::P2,
+                    now_ms,
+                    format!("rate_limited_rate={r:.3}"),
+                    format!(
+                        "channel {}: {:.1} % of attempts got 429",
+                        who.channel,
+                        r * 100.0
+                    ),
+                    Some(score),
+                    out,
+                );
+            }
+        }
+        if let Some(ms) = signals.quota_exhausted_in_ms {
+            if ms < self.cfg.quota_alert_ms {
+                self.alarm(
+                    who,
+                    AlertKind::QuotaForecast,
+                    Severity::P2,
+                    now_ms,
+                    format!("quota_exhausted_in_ms={ms}"),
+                    format!(
+                        "channel {}: quota forecast to run out in {} s (remaining {:?})",
+                        who.channel,
+                        ms / 1000,
+                        signals.quota_remaining
+                    ),
+                    None,
+                    out,
+                );
+            }
+        }
+    }
+
+    /// The probe-failure rule: more than `probe_failures_p1` in a row.
+    pub fn on_probe_streak(
+        &mut self,
+        who: &Subject<'_>,
+        now_ms: i64,
+        streak: u32,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        if streak > self.cfg.probe_failures_p1 {
+            self.alarm(
+                who,
+                AlertKind::UpstreamUnavailable,
+                Severity::P1,
+                now_ms,
+                format!("consecutive_probe_failures(n={streak})"),
+                format!(
+                    "channel {}: {streak} consecutive probe failures, upstream unavailable",
+                    who.channel
+                ),
+                None,
+                out,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signals::LatencySummary;
+
+    fn who() -> Subject<'static> {
+        Subject {
+            group: "chat",
+            channel: "free-a",
+            index: 0,
+        }
+    }
+
+    fn change(reason: TransitionReason, to: StateKind) -> Change {
+        Change {
+            at_ms: 1000,
+            from: StateKind::Healthy,
+            to,
+            reason,
+            weight_before: 1.0,
+            weight_after: 0.0,
+        }
+    }
+
+    fn signals(err: f64, p99: f64) -> Signals {
+        Signals {
+            error_rate: Some(err),
+            latency: Some(LatencySummary {
+                p99_ms: p99,
+                samples: 100,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn severity_follows_the_seed_rules() {
+        let mut rules = AlertRules::new(AlertConfig::default());
+        let drain = TransitionReason::ScoreDrain {
+            score: 0.7,
+            evaluations: 2,
+        };
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.05, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P1);
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.001, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P2);
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.05, 300.0),
+        );
+        assert_eq!(a.severity, Severity::P3);
+        let fast = TransitionReason::ConsecutiveFailures { n: 3 };
+        let a = rules.on_change(
+            &who(),
+            &change(fast, StateKind::Drained),
+            None,
+            &Signals::default(),
+        );
+        assert_eq!(a.severity, Severity::P1);
+        assert_eq!(a.kind, AlertKind::Transition);
+        assert_eq!(a.reason, "consecutive_failures(n=3)");
+    }
+
+    #[test]
+    fn alarms_are_deduplicated_per_channel_and_kind() {
+        let mut rules = AlertRules::new(AlertConfig::default());
+        let mut out = Vec::new();
+        for t in [0, 1000, 299_999] {
+            rules.on_probe_streak(&who(), t, 7, &mut out);
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].severity, Severity::P1);
+        rules.on_probe_streak(&who(), 300_000, 7, &mut out);
+        assert_eq!(out.len(), 2);
+        // Another channel is not suppressed.
+        let other = Subject {
+            group: "chat",
+            channel: "free-b",
+            index: 1,
+        };
+        rules.on_probe_streak(&other, 1, 7, &mut out);
+        assert_eq!(out.len(), 3);
+        // Six is not more than six.
+        rules.on_probe_streak(
+            &Subject {
+                group: "chat",
+                channel: "c",
+                index: 2,
+            },
+            1,
+            6,
+            &mut out,
+        );
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn alert_round_trips_through_avro() {
+        let mut rules = AlertRules::new(AlertConfig::default());
+        let mut score = Score {
+            value: 0.7,
+            ..Default::default()
+        };
+        score.contributions[0] = Some(0.25);
+        let a = rules.on_change(
+            &who(),
+            &change(
+                TransitionReason::ScoreAtRisk {
+                    score: 0.7,
+                    evaluations: 2,
+                },
+                StateKind::AtRisk,
+            ),
+            Some(&score),
+            &signals(0.0, 100.0),
+        );
+        let bytes = a.to_avro().unwrap();
+        assert_eq!(AlertEvent::from_avro(&bytes).unwrap(), a);
+        assert_eq!(a.breakdown.get("p99_latency_ms"), Some(&0.25));
+    }
+}

@@ -1,0 +1,1229 @@
+//! Configuration: one TOML file, validated once, then handed to the engine as
+//! an immutable [`Config`]. The engine never sees an unvalidated value.
+//!
+//! Health policies layer, most specific last:
+//! built-in defaults → `[policy]` → built-in tier defaults → `[tiers.<tier>.policy]`
+//! → `[[groups.channels]] policy`. Layers are partial TOML tables deep-merged
+//! before one typed deserialization, so a channel can override a single bound
+//! (`policy.signals.p99_latency_ms.normal = 900`) and every error names the
+//! offending key with its full path.
+//!
+//! Every default cites where it came from: SPEC.md (the distilled product
+//! spec) or the seed incident (`shared/seeds/00N`) whose team chose it.
+
+use crate::event::TrafficClass;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A config problem, naming the key at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ConfigIssue {
+    pub key: String,
+    pub reason: String,
+}
+
+/// All problems found in one config (validation does not stop at the first).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid config:\n{}", .issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError {
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl ConfigError {
+    fn one(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            issues: vec![ConfigIssue {
+                key: key.into(),
+                reason: reason.into(),
+            }],
+        }
+    }
+}
+
+/// Collects issues with a key prefix.
+#[derive(Default)]
+struct Issues(Vec<ConfigIssue>);
+
+impl Issues {
+    fn push(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(ConfigIssue {
+            key: key.into(),
+            reason: reason.into(),
+        });
+    }
+    fn positive_ms(&mut self, key: String, v: i64) {
+        if v <= 0 {
+            self.push(key, format!("must be a positive duration in ms, got {v}"));
+        }
+    }
+    fn fraction(&mut self, key: String, v: f64) {
+        if !(0.0..=1.0).contains(&v) || v.is_nan() {
+            self.push(key, format!("must be within [0, 1], got {v}"));
+        }
+    }
+    fn non_negative(&mut self, key: String, v: f64) {
+        if !(v >= 0.0 && v.is_finite()) {
+            self.push(key, format!("must be a finite number >= 0, got {v}"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Engine-wide settings
+// ---------------------------------------------------------------------------
+
+/// How windows are sliced and when channels are evaluated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Width of one ring slice. SPEC §4: 5–10 s slices.
+    pub slice_ms: i64,
+    /// The short view (SPEC §4: 1 min). Must be a multiple of `slice_ms`.
+    pub short_window_ms: i64,
+    /// The long view (SPEC §4: 5 min); signals that lack samples in the short
+    /// view fall back to it. Sets the ring length, hence memory per channel.
+    pub long_window_ms: i64,
+    /// How often every channel is scored and its state machine stepped (event
+    /// time). Defaults to one slice.
+    pub evaluation_interval_ms: i64,
+    /// Events up to this much older than the partition watermark still land in
+    /// their slice; older ones are counted (`too_late`) and dropped.
+    pub allowed_lateness_ms: i64,
+    /// Size of the count-based window of last outcomes. SPEC §4 / seed 002:
+    /// "the last 100 requests" catches sparse failures a time window misses.
+    pub outcome_window: u32,
+    /// t-digest compression. 100 keeps P99 error around 2–3 % at a quarter of
+    /// the memory of 200 (<0.5 %); per-channel memory is documented in `window`.
+    pub tdigest_size: u32,
+    /// Requests with at least this many input tokens are "long" (their own
+    /// latency and error buckets: seed 003, failures only on long requests).
+    pub long_input_tokens: u32,
+    /// Outputs with fewer tokens count toward the short-output share.
+    pub short_output_tokens: u32,
+    /// A request slower than this counts toward the slow-request ratio.
+    pub slow_request_ms: u32,
+    /// How many completed short windows the baseline remembers (the median of
+    /// their P99 and output-token median is the baseline). 30 × 1 min.
+    pub baseline_windows: u32,
+    /// The relative signals do not vote until this many baseline points exist.
+    pub baseline_min_windows: u32,
+    /// A channel with no events for this long while its partition advances is
+    /// reported silent. Seed 004 wants gaps noticed within a minute.
+    pub silent_after_ms: i64,
+    /// Quota forecasts look this far ahead (also the scheduler's horizon).
+    pub quota_horizon_ms: i64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            slice_ms: 5_000,
+            short_window_ms: 60_000,
+            long_window_ms: 300_000,
+            evaluation_interval_ms: 5_000,
+            allowed_lateness_ms: 10_000,
+            outcome_window: 100,
+            tdigest_size: 100,
+            long_input_tokens: 4_000,
+            short_output_tokens: 50,
+            slow_request_ms: 5_000,
+            baseline_windows: 30,
+            baseline_min_windows: 5,
+            silent_after_ms: 60_000,
+            quota_horizon_ms: 3_600_000,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Number of slices in the ring.
+    pub fn ring_slices(&self) -> usize {
+        (self.long_window_ms / self.slice_ms) as usize
+    }
+    /// Number of slices in the short view.
+    pub fn short_slices(&self) -> usize {
+        (self.short_window_ms / self.slice_ms) as usize
+    }
+
+    fn validate(&self, v: &mut Issues) {
+        for (k, x) in [
+            ("slice_ms", self.slice_ms),
+            ("short_window_ms", self.short_window_ms),
+            ("long_window_ms", self.long_window_ms),
+            ("evaluation_interval_ms", self.evaluation_interval_ms),
+            ("silent_after_ms", self.silent_after_ms),
+            ("quota_horizon_ms", self.quota_horizon_ms),
+        ] {
+            v.positive_ms(format!("engine.{k}"), x);
+        }
+        if self.allowed_lateness_ms < 0 {
+            v.push("engine.allowed_lateness_ms", "must be >= 0");
+        }
+        if self.slice_ms > 0 {
+            if self.short_window_ms % self.slice_ms != 0 {
+                v.push(
+                    "engine.short_window_ms",
+                    "must be a multiple of engine.slice_ms",
+                );
+            }
+            if self.long_window_ms % self.slice_ms != 0 {
+                v.push(
+                    "engine.long_window_ms",
+                    "must be a multiple of engine.slice_ms",
+                );
+            }
+            if self.long_window_ms / self.slice_ms > 720 {
+                v.push(
+                    "engine.long_window_ms",
+                    "is more than 720 slices: memory per channel grows with the ring",
+                );
+            }
+            if self.allowed_lateness_ms + self.short_window_ms > self.long_window_ms {
+                v.push(
+                    "engine.allowed_lateness_ms",
+                    "plus short_window_ms must fit in long_window_ms (late events need a slice to land in)",
+                );
+            }
+        }
+        if self.short_window_ms > self.long_window_ms {
+            v.push(
+                "engine.short_window_ms",
+                "must not exceed engine.long_window_ms",
+            );
+        }
+        if self.outcome_window == 0 || self.outcome_window > 10_000 {
+            v.push("engine.outcome_window", "must be within 1..=10000");
+        }
+        if !(20..=1000).contains(&self.tdigest_size) {
+            v.push("engine.tdigest_size", "must be within 20..=1000");
+        }
+        if self.baseline_windows == 0 {
+            v.push("engine.baseline_windows", "must be at least 1");
+        }
+        if self.baseline_min_windows > self.baseline_windows {
+            v.push(
+                "engine.baseline_min_windows",
+                "must not exceed engine.baseline_windows",
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Health policy: signal bounds and weights, state machine
+// ---------------------------------------------------------------------------
+
+/// One signal's contribution: it maps linearly from 0 at `normal` to 1 at
+/// `degraded` (either direction: for output tokens lower is worse), is
+/// clamped, and is multiplied by `weight`. A signal with fewer than
+/// `min_samples` samples does not vote.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalPolicy {
+    pub weight: f64,
+    pub normal: f64,
+    pub degraded: f64,
+    pub min_samples: u32,
+}
+
+const fn sig(weight: f64, normal: f64, degraded: f64, min_samples: u32) -> SignalPolicy {
+    SignalPolicy {
+        weight,
+        normal,
+        degraded,
+        min_samples,
+    }
+}
+
+/// Every scored signal. The five with SPEC §5 seed weights (P99, error rate,
+/// retry rate, truncation, output-token median) sum to 1.0 on their own; the
+/// others add detection paths the seeds asked for. The score is clamped to 1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalPolicies {
+    /// P99 total latency, ms. SPEC §5: 0.25 over [2 s, 6 s] (seed 000).
+    pub p99_latency_ms: SignalPolicy,
+    /// P99 ÷ baseline P99. SPEC §4 / seed 004: ≥ 2.5 is sub-health even under
+    /// the absolute bound, so at 2.5 this alone reaches the AT_RISK score.
+    pub relative_p99: SignalPolicy,
+    /// P99 latency of long-input requests, ms (failures only on long requests).
+    pub long_p99_latency_ms: SignalPolicy,
+    /// P99 time to first token, ms.
+    pub ttfb_p99_ms: SignalPolicy,
+    /// Share of requests slower than `engine.slow_request_ms`.
+    pub slow_ratio: SignalPolicy,
+    /// Share of failed attempts (client 4xx weighted by
+    /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
+    pub error_rate: SignalPolicy,
+    /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
+    /// long requests only, invisible in the channel-wide rate).
+    pub long_error_rate: SignalPolicy,
+    /// Hard failures among the last `engine.outcome_window` outcomes, however
+    /// far apart in time (seed 002's sparse failures).
+    pub recent_failure_rate: SignalPolicy,
+    /// Share of 429 responses.
+    pub rate_limited_rate: SignalPolicy,
+    /// Share of attempts that are retries (attempt > 0). SPEC §5: 0.20 over
+    /// [2 %, 10 %] (seed 000).
+    pub retry_rate: SignalPolicy,
+    /// Share of truncated outputs. SPEC §5: 0.20 over [5 %, 40 %].
+    pub truncation_rate: SignalPolicy,
+    /// Share of structured outputs that failed their schema (seed 002: > 1 %
+    /// missing fields is sub-health).
+    pub schema_invalid_rate: SignalPolicy,
+    /// Share of outputs containing U+FFFD (seed 003: garbled text).
+    pub garbled_rate: SignalPolicy,
+    /// Median output tokens (lower is worse). SPEC §5: 0.15 over [500, 150].
+    pub output_tokens_median: SignalPolicy,
+    /// Median output tokens ÷ its baseline (lower is worse): the
+    /// workload-independent twin of the absolute bound.
+    pub output_tokens_relative: SignalPolicy,
+    /// Share of outputs under `engine.short_output_tokens`.
+    pub short_output_share: SignalPolicy,
+    /// How much a client 4xx counts toward `error_rate` (SPEC §4: lightly).
+    pub client_error_weight: f64,
+}
+
+impl Default for SignalPolicies {
+    fn default() -> Self {
+        SignalPolicies {
+            p99_latency_ms: sig(0.25, 2_000.0, 6_000.0, 50),
+            relative_p99: sig(0.45, 1.5, 2.5, 50),
+            long_p99_latency_ms: sig(0.10, 4_000.0, 12_000.0, 20),
+            ttfb_p99_ms: sig(0.10, 1_500.0, 5_000.0, 50),
+            slow_ratio: sig(0.10, 0.05, 0.25, 20),
+            error_rate: sig(0.20, 0.01, 0.05, 20),
+            long_error_rate: sig(0.30, 0.05, 0.25, 20),
+            recent_failure_rate: sig(0.25, 0.03, 0.15, 20),
+            rate_limited_rate: sig(0.20, 0.02, 0.10, 20),
+            retry_rate: sig(0.20, 0.02, 0.10, 20),
+            truncation_rate: sig(0.20, 0.05, 0.40, 20),
+            schema_invalid_rate: sig(0.15, 0.01, 0.10, 10),
+            garbled_rate: sig(0.15, 0.01, 0.10, 20),
+            output_tokens_median: sig(0.15, 500.0, 150.0, 20),
+            output_tokens_relative: sig(0.15, 0.8, 0.4, 20),
+            short_output_share: sig(0.10, 0.10, 0.50, 20),
+            client_error_weight: 0.1,
+        }
+    }
+}
+
+impl SignalPolicies {
+    /// Every signal policy with its config key, in a fixed order (the order of
+    /// `signals::SignalKind`).
+    pub fn entries(&self) -> [(&'static str, &SignalPolicy); 16] {
+        [
+            ("p99_latency_ms", &self.p99_latency_ms),
+            ("relative_p99", &self.relative_p99),
+            ("long_p99_latency_ms", &self.long_p99_latency_ms),
+            ("ttfb_p99_ms", &self.ttfb_p99_ms),
+            ("slow_ratio", &self.slow_ratio),
+            ("error_rate", &self.error_rate),
+            ("long_error_rate", &self.long_error_rate),
+            ("recent_failure_rate", &self.recent_failure_rate),
+            ("rate_limited_rate", &self.rate_limited_rate),
+            ("retry_rate", &self.retry_rate),
+            ("truncation_rate", &self.truncation_rate),
+            ("schema_invalid_rate", &self.schema_invalid_rate),
+            ("garbled_rate", &self.garbled_rate),
+            ("output_tokens_median", &self.output_tokens_median),
+            ("output_tokens_relative", &self.output_tokens_relative),
+            ("short_output_share", &self.short_output_share),
+        ]
+    }
+}
+
+/// One leg of the recovery schedule: while the recovery weight is below
+/// `until`, raise it by `step` every `every_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryStep {
+    pub until: f64,
+    pub step: f64,
+    pub every_ms: i64,
+}
+
+/// The graded state machine's thresholds and timers (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatePolicy {
+    /// Score at or above which HEALTHY becomes AT_RISK. SPEC §5 / seed 000.
+    pub at_risk_enter: f64,
+    /// Score below which AT_RISK returns to HEALTHY (hysteresis: below entry).
+    pub at_risk_exit: f64,
+    /// Score at or above which a channel is drained once confirmed.
+    pub drain_enter: f64,
+    /// Health weight factor while AT_RISK. SPEC §5 / seed 000: weight × 0.3,
+    /// keeping only low-risk batch traffic.
+    pub at_risk_weight: f64,
+    /// Consecutive evaluations at or above `at_risk_enter` before AT_RISK.
+    /// Seed 004: free lines trip after 2, paid after 3.
+    pub at_risk_confirmations: u32,
+    /// Consecutive evaluations at or above `drain_enter` before DRAINED.
+    /// SPEC §5 / seed 000: two consecutive windows.
+    pub drain_confirmations: u32,
+    /// Consecutive evaluations below `at_risk_exit` before AT_RISK → HEALTHY.
+    pub healthy_confirmations: u32,
+    /// Consecutive hard failures that drain immediately (fast path). SPEC §5:
+    /// 3–5, lower for free channels.
+    pub consecutive_failures: u32,
+    /// Base cool-down in DRAINED before OBSERVING. SPEC §5: 90–120 s; seed
+    /// 002 cut 300 s to 90 s because long cool-downs stalled recovery.
+    pub cooldown_ms: i64,
+    /// Each remembered incident multiplies the cool-down by this.
+    pub cooldown_growth: f64,
+    /// Cap on the grown cool-down.
+    pub max_cooldown_ms: i64,
+    /// The incident penalty halves over this much event time.
+    pub penalty_half_life_ms: i64,
+    /// Share of the channel's normal weight given to it while OBSERVING
+    /// (seed 002: 5 % half-open traffic).
+    pub half_open_share: f64,
+    /// Consecutive passing evaluations in OBSERVING before RECOVERING.
+    pub observe_passes: u32,
+    /// An OBSERVING evaluation passes below this score (SPEC §5: 0.4).
+    pub observe_pass_score: f64,
+    /// In OBSERVING or RECOVERING, an evaluation at or above this score is a
+    /// failure and drains again.
+    pub relapse_score: f64,
+    /// RECOVERING weight schedule (SPEC §5 / seed 002: +10 % every 120 s up
+    /// to 40 %, then +20 %). The first step is also the starting weight.
+    pub recovery_steps: Vec<RecoveryStep>,
+    /// More weight changes than this within `oscillation_window_ms` raise an
+    /// oscillation alarm (SPEC §5: more than 4 in 3 minutes).
+    pub oscillation_max_changes: u32,
+    pub oscillation_window_ms: i64,
+}
+
+impl Default for StatePolicy {
+    fn default() -> Self {
+        StatePolicy {
+            at_risk_enter: 0.45,
+            at_risk_exit: 0.35,
+            drain_enter: 0.65,
+            at_risk_weight: 0.3,
+            at_risk_confirmations: 3,
+            drain_confirmations: 2,
+            healthy_confirmations: 3,
+            consecutive_failures: 5,
+            cooldown_ms: 120_000,
+            cooldown_growth: 2.0,
+            max_cooldown_ms: 900_000,
+            penalty_half_life_ms: 1_800_000,
+            half_open_share: 0.05,
+            observe_passes: 3,
+            observe_pass_score: 0.40,
+            relapse_score: 0.45,
+            recovery_steps: vec![
+                RecoveryStep {
+                    until: 0.4,
+                    step: 0.1,
+                    every_ms: 120_000,
+                },
+                RecoveryStep {
+                    until: 1.0,
+                    step: 0.2,
+                    every_ms: 120_000,
+                },
+            ],
+            oscillation_max_changes: 4,
+            oscillation_window_ms: 180_000,
+        }
+    }
+}
+
+/// A channel's complete health policy after all layers are merged.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthPolicy {
+    pub signals: SignalPolicies,
+    pub states: StatePolicy,
+}
+
+impl HealthPolicy {
+    fn validate(&self, at: &str, v: &mut Issues) {
+        for (name, s) in self.signals.entries() {
+            let key = format!("{at}.signals.{name}");
+            v.non_negative(format!("{key}.weight"), s.weight);
+            if !s.normal.is_finite() || !s.degraded.is_finite() {
+                v.push(&key, "bounds must be finite numbers");
+            } else if s.normal == s.degraded {
+                v.push(
+                    &key,
+                    format!(
+                        "normal and degraded bounds are equal ({}): the signal cannot map",
+                        s.normal
+                    ),
+                );
+            }
+            if s.min_samples == 0 {
+                v.push(
+                    format!("{key}.min_samples"),
+                    "must be at least 1 (a signal needs data to vote)",
+                );
+            }
+        }
+        v.fraction(
+            format!("{at}.signals.client_error_weight"),
+            self.signals.client_error_weight,
+        );
+        let st = &self.states;
+        let sk = |k: &str| format!("{at}.states.{k}");
+        for (k, x) in [
+            ("at_risk_enter", st.at_risk_enter),
+            ("at_risk_exit", st.at_risk_exit),
+            ("drain_enter", st.drain_enter),
+            ("at_risk_weight", st.at_risk_weight),
+            ("half_open_share", st.half_open_share),
+            ("observe_pass_score", st.observe_pass_score),
+            ("relapse_score", st.relapse_score),
+        ] {
+            v.fraction(sk(k), x);
+        }
+        if st.at_risk_exit >= st.at_risk_enter {
+            v.push(
+                sk("at_risk_exit"),
+                format!(
+                    "must be below at_risk_enter ({}) so the state cannot flap at the boundary",
+                    st.at_risk_enter
+                ),
+            );
+        }
+        if st.drain_enter <= st.at_risk_enter {
+            v.push(
+                sk("drain_enter"),
+                format!("must be above at_risk_enter ({})", st.at_risk_enter),
+            );
+        }
+        if st.observe_pass_score > st.relapse_score {
+            v.push(
+                sk("observe_pass_score"),
+                "must not exceed relapse_score (a pass would also be a relapse)",
+            );
+        }
+        for (k, x) in [
+            ("at_risk_confirmations", st.at_risk_confirmations),
+            ("drain_confirmations", st.drain_confirmations),
+            ("healthy_confirmations", st.healthy_confirmations),
+            ("consecutive_failures", st.consecutive_failures),
+            ("observe_passes", st.observe_passes),
+            ("oscillation_max_changes", st.oscillation_max_changes),
+        ] {
+            if x == 0 {
+                v.push(sk(k), "must be at least 1");
+            }
+        }
+        for (k, x) in [
+            ("cooldown_ms", st.cooldown_ms),
+            ("max_cooldown_ms", st.max_cooldown_ms),
+            ("penalty_half_life_ms", st.penalty_half_life_ms),
+            ("oscillation_window_ms", st.oscillation_window_ms),
+        ] {
+            v.positive_ms(sk(k), x);
+        }
+        if st.max_cooldown_ms < st.cooldown_ms {
+            v.push(sk("max_cooldown_ms"), "must be at least cooldown_ms");
+        }
+        if !(st.cooldown_growth >= 1.0 && st.cooldown_growth <= 10.0) {
+            v.push(sk("cooldown_growth"), "must be within [1, 10]");
+        }
+        if st.recovery_steps.is_empty() {
+            v.push(sk("recovery_steps"), "needs at least one step");
+        }
+        let mut prev_until = 0.0;
+        for (i, s) in st.recovery_steps.iter().enumerate() {
+            let key = format!("{at}.states.recovery_steps[{i}]");
+            if !(s.step > 0.0 && s.step <= 1.0) {
+                v.push(format!("{key}.step"), "must be within (0, 1]");
+            }
+            if !(s.until > prev_until && s.until <= 1.0) {
+                v.push(
+                    format!("{key}.until"),
+                    "must increase from step to step and be at most 1",
+                );
+            }
+            v.positive_ms(format!("{key}.every_ms"), s.every_ms);
+            prev_until = s.until;
+        }
+        if st
+            .recovery_steps
+            .last()
+            .is_some_and(|s| (s.until - 1.0).abs() > 1e-9)
+        {
+            v.push(
+                sk("recovery_steps"),
+                "the last step must reach until = 1.0 (full weight)",
+            );
+        }
+    }
+}
+
+/// Built-in free-tier overrides (partial policy). Seed 004 made trust tiers
+/// explicit: free lines trip faster and on lower thresholds ("P99 500 ms twice
+/// vs paid 800 ms three times", scaled to our LLM latency bounds); seed 002
+/// lowered the free error threshold below the paid one and cut the cool-down
+/// to 90 s.
+const FREE_TIER_POLICY: &str = r#"
+[signals.p99_latency_ms]
+weight = 0.25
+normal = 1500.0
+degraded = 4500.0
+min_samples = 50
+
+[signals.error_rate]
+weight = 0.20
+normal = 0.005
+degraded = 0.03
+min_samples = 20
+
+[states]
+at_risk_confirmations = 2
+consecutive_failures = 3
+cooldown_ms = 90000
+"#;
+
+// ---------------------------------------------------------------------------
+// Alerts, scheduling, traffic classes
+// ---------------------------------------------------------------------------
+
+/// Alert rules (SPEC §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertConfig {
+    /// The same (channel, kind) alert is raised at most once per window.
+    /// Transitions are never deduplicated: every one is an action.
+    pub dedup_window_ms: i64,
+    /// SPEC §7: error rate above this *and* P99 above `p1_p99_ms` is P1.
+    pub p1_error_rate: f64,
+    /// SPEC §7: P99 above this alone is P2.
+    pub p1_p99_ms: f64,
+    /// SPEC §7: more consecutive probe failures than this is P1 "upstream
+    /// unavailable".
+    pub probe_failures_p1: u32,
+    /// A 429 share above this raises a rate-limit spike alert.
+    pub rate_limit_spike: f64,
+    /// Quota forecast to run out within this raises a quota alert.
+    pub quota_alert_ms: i64,
+}
+
+impl Default for AlertConfig {
+    fn default() -> Self {
+        AlertConfig {
+            dedup_window_ms: 300_000,
+            p1_error_rate: 0.02,
+            p1_p99_ms: 800.0,
+            probe_failures_p1: 6,
+            rate_limit_spike: 0.05,
+            quota_alert_ms: 1_800_000,
+        }
+    }
+}
+
+/// Scheduler knobs (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScheduleConfig {
+    /// Never plan more than capacity × headroom on a channel (seed 002: the
+    /// backup that collapsed under doubled traffic).
+    pub capacity_headroom: f64,
+    /// Largest change of one channel's weight per evaluation tick, except
+    /// drains (immediate). Seed 002: at most 15 % per round.
+    pub max_weight_step: f64,
+    /// Demand is estimated over this much event time.
+    pub demand_window_ms: i64,
+    /// Weights below this are dropped to zero (and the rest renormalized).
+    pub min_weight: f64,
+}
+
+impl Default for ScheduleConfig {
+    fn default() -> Self {
+        ScheduleConfig {
+            capacity_headroom: 0.8,
+            max_weight_step: 0.15,
+            demand_window_ms: 60_000,
+            min_weight: 0.001,
+        }
+    }
+}
+
+/// How a traffic class is scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassPolicy {
+    /// 0 is served first.
+    pub priority: u8,
+    /// May this class stay on an AT_RISK channel (seed 000: batch may).
+    pub accepts_at_risk: bool,
+    /// Highest channel score this class tolerates.
+    pub max_score: f64,
+    /// Whether the class may be shed when capacity is short (else it is
+    /// queued on the least-bad channel and reported).
+    pub sheddable: bool,
+}
+
+/// Per-class policies, keyed by class name in TOML.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClassPolicies {
+    pub interactive: ClassPolicy,
+    pub core: ClassPolicy,
+    pub batch: ClassPolicy,
+    pub experimental: ClassPolicy,
+}
+
+impl Default for ClassPolicies {
+    fn default() -> Self {
+        ClassPolicies {
+            interactive: ClassPolicy {
+                priority: 0,
+                accepts_at_risk: false,
+                max_score: 0.45,
+                sheddable: true,
+            },
+            core: ClassPolicy {
+                priority: 1,
+                accepts_at_risk: false,
+                max_score: 0.45,
+                sheddable: true,
+            },
+            batch: ClassPolicy {
+                priority: 2,
+                accepts_at_risk: true,
+                max_score: 0.65,
+                sheddable: true,
+            },
+            experimental: ClassPolicy {
+                priority: 3,
+                accepts_at_risk: true,
+                max_score: 0.65,
+                sheddable: true,
+            },
+        }
+    }
+}
+
+impl ClassPolicies {
+    pub fn get(&self, class: TrafficClass) -> &ClassPolicy {
+        match class {
+            TrafficClass::Interactive => &self.interactive,
+            TrafficClass::Core => &self.core,
+            TrafficClass::Batch => &self.batch,
+            TrafficClass::Experimental => &self.experimental,
+        }
+    }
+    /// Classes in serving order (priority, then schema order).
+    pub fn in_priority_order(&self) -> [TrafficClass; 4] {
+        let mut all = [
+            TrafficClass::Interactive,
+            TrafficClass::Core,
+            TrafficClass::Batch,
+            TrafficClass::Experimental,
+        ];
+        all.sort_by_key(|c| (self.get(*c).priority, c.index()));
+        all
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Channels and groups
+// ---------------------------------------------------------------------------
+
+/// How far a channel is trusted; picks the policy layer and initial weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Free,
+    Paid,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Paid => "paid",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    /// Relative weight a channel of this tier starts with while nothing is
+    /// known (seed 004: free 30 / paid 70 instead of 50 / 50).
+    initial_weight: Option<f64>,
+    policy: Option<toml::Table>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChannel {
+    id: String,
+    tier: Tier,
+    #[serde(default)]
+    price_per_1k_tokens: f64,
+    capacity_rps: f64,
+    initial_weight: Option<f64>,
+    quota: Option<u64>,
+    policy: Option<toml::Table>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    id: String,
+    budget_per_hour: Option<f64>,
+    #[serde(default)]
+    channels: Vec<RawChannel>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    engine: EngineConfig,
+    #[serde(default)]
+    alerts: AlertConfig,
+    #[serde(default)]
+    schedule: ScheduleConfig,
+    #[serde(default)]
+    traffic_classes: ClassPolicies,
+    policy: Option<toml::Table>,
+    #[serde(default)]
+    tiers: BTreeMap<Tier, RawTier>,
+    #[serde(default)]
+    groups: Vec<RawGroup>,
+}
+
+/// One upstream route, fully resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelConfig {
+    pub id: String,
+    pub group: String,
+    pub tier: Tier,
+    /// Price per 1k tokens (input + output), 0 for free channels.
+    pub price_per_1k_tokens: f64,
+    /// Requests per second the channel can serve before it degrades.
+    pub capacity_rps: f64,
+    /// Relative weight while nothing is known (tier default unless set).
+    pub initial_weight: f64,
+    /// Quota per day if the upstream enforces one (requests), else none.
+    pub quota: Option<u64>,
+    pub policy: Arc<HealthPolicy>,
+}
+
+/// A set of interchangeable channels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupConfig {
+    pub id: String,
+    /// Spend ceiling per hour in the cost currency; none means unbounded.
+    pub budget_per_hour: Option<f64>,
+    pub channels: Vec<ChannelConfig>,
+}
+
+/// The validated configuration the engine runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub engine: EngineConfig,
+    pub alerts: AlertConfig,
+    pub schedule: ScheduleConfig,
+    pub classes: ClassPolicies,
+    pub groups: Vec<GroupConfig>,
+}
+
+fn deep_merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => deep_merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn policy_table(policy: &HealthPolicy) -> toml::Table {
+    match toml::Table::try_from(policy) {
+        Ok(t) => t,
+        // HealthPolicy is plain numbers, bools and arrays of tables.
+        Err(e) => panic!("HealthPolicy must serialize to TOML: {e}"),
+    }
+}
+
+fn builtin_tier_policy(tier: Tier) -> toml::Table {
+    match tier {
+        Tier::Free => FREE_TIER_POLICY
+            .parse()
+            .unwrap_or_else(|e| panic!("built-in free tier policy does not parse: {e}")),
+        Tier::Paid => toml::Table::new(),
+    }
+}
+
+fn builtin_initial_weight(tier: Tier) -> f64 {
+    match tier {
+        Tier::Free => 0.3,
+        Tier::Paid => 0.7,
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::one(path.display().to_string(), format!("cannot read: {e}"))
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and validates config text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "config".into());
+            ConfigError::one(key, e.message().to_string())
+        })?;
+        Config::resolve(raw)
+    }
+
+    fn resolve(raw: RawConfig) -> Result<Config, ConfigError> {
+        let mut v = Issues::default();
+        raw.engine.validate(&mut v);
+        validate_alerts(&raw.alerts, &mut v);
+        validate_schedule(&raw.schedule, &mut v);
+        for class in TrafficClass::ALL {
+            let c = raw.traffic_classes.get(*class);
+            let name = class.as_str().to_ascii_lowercase();
+            v.fraction(format!("traffic_classes.{name}.max_score"), c.max_score);
+        }
+
+        let mut base = policy_table(&HealthPolicy::default());
+        if let Some(p) = &raw.policy {
+            deep_merge(&mut base, p);
+        }
+        // Problems in [policy] itself are reported once, under `policy`, not
+        // again under every tier that inherits them.
+        let mut base_issue_keys = ahash::AHashSet::new();
+        match base.clone().try_into::<HealthPolicy>() {
+            Ok(p) => {
+                let mut base_issues = Issues::default();
+                p.validate("policy", &mut base_issues);
+                for i in base_issues.0 {
+                    base_issue_keys.insert(i.key["policy".len()..].to_string());
+                    v.0.push(i);
+                }
+            }
+            Err(e) => v.push("policy", e.message().to_string()),
+        }
+        let mut tier_tables = BTreeMap::new();
+        for tier in [Tier::Free, Tier::Paid] {
+            let mut t = base.clone();
+            deep_merge(&mut t, &builtin_tier_policy(tier));
+            if let Some(p) = raw.tiers.get(&tier).and_then(|r| r.policy.as_ref()) {
+                deep_merge(&mut t, p);
+            }
+            tier_tables.insert(tier, t);
+        }
+        // One shared policy per tier unless a channel overrides it.
+        let mut tier_policies: BTreeMap<Tier, Arc<HealthPolicy>> = BTreeMap::new();
+        for (tier, table) in &tier_tables {
+            let at = format!("tiers.{}.policy", tier.as_str());
+            match table.clone().try_into::<HealthPolicy>() {
+                Ok(p) => {
+                    let mut tier_issues = Issues::default();
+                    p.validate(&at, &mut tier_issues);
+                    v.0.extend(
+                        tier_issues
+                            .0
+                            .into_iter()
+                            .filter(|i| !base_issue_keys.contains(&i.key[at.len()..])),
+                    );
+                    tier_policies.insert(*tier, Arc::new(p));
+                }
+                Err(e) => v.push(at, e.message().to_string()),
+            }
+        }
+        for (tier, r) in &raw.tiers {
+            if let Some(w) = r.initial_weight {
+                v.fraction(format!("tiers.{}.initial_weight", tier.as_str()), w);
+            }
+        }
+
+        let mut groups = Vec::new();
+        let mut channel_ids = ahash::AHashSet::new();
+        let mut group_ids = ahash::AHashSet::new();
+        if raw.groups.is_empty() {
+            v.push("groups", "at least one route group is needed");
+        }
+        for (gi, g) in raw.groups.iter().enumerate() {
+            let gk = format!("groups[{gi}] ({})", g.id);
+            if g.id.is_empty() {
+                v.push(format!("groups[{gi}].id"), "must not be empty");
+            }
+            if !group_ids.insert(g.id.clone()) {
+                v.push(format!("{gk}.id"), "duplicate group id");
+            }
+            if g.id.contains(['{', '}']) {
+                v.push(
+                    format!("{gk}.id"),
+                    "must not contain braces (they delimit the Redis hash tag)",
+                );
+            }
+            if let Some(b) = g.budget_per_hour {
+                v.non_negative(format!("{gk}.budget_per_hour"), b);
+            }
+            if g.channels.is_empty() {
+                v.push(
+                    format!("{gk}.channels"),
+                    "a group needs at least one channel",
+                );
+            }
+            let mut channels = Vec::new();
+            for (ci, c) in g.channels.iter().enumerate() {
+                let ck = format!("{gk}.channels[{ci}] ({})", c.id);
+                if c.id.is_empty() {
+                    v.push(format!("{gk}.channels[{ci}].id"), "must not be empty");
+                }
+                if !channel_ids.insert(c.id.clone()) {
+                    v.push(
+                        format!("{ck}.id"),
+                        "duplicate channel id (a channel belongs to exactly one group)",
+                    );
+                }
+                v.non_negative(format!("{ck}.price_per_1k_tokens"), c.price_per_1k_tokens);
+                if !(c.capacity_rps > 0.0 && c.capacity_rps.is_finite()) {
+                    v.push(
+                        format!("{ck}.capacity_rps"),
+                        format!("must be a positive number, got {}", c.capacity_rps),
+                    );
+                }
+                let initial_weight = c
+                    .initial_weight
+                    .or_else(|| raw.tiers.get(&c.tier).and_then(|t| t.initial_weight))
+                    .unwrap_or_else(|| builtin_initial_weight(c.tier));
+                if c.initial_weight.is_some() {
+                    v.fraction(format!("{ck}.initial_weight"), initial_weight);
+                }
+                let policy = match &c.policy {
+                    None => tier_policies.get(&c.tier).cloned(),
+                    Some(over) => {
+                        let mut t = tier_tables[&c.tier].clone();
+                        deep_merge(&mut t, over);
+                        match t.try_into::<HealthPolicy>() {
+                            Ok(p) => {
+                                p.validate(&format!("{ck}.policy"), &mut v);
+                                Some(Arc::new(p))
+                            }
+                            Err(e) => {
+                                v.push(format!("{ck}.policy"), e.message().to_string());
+                                None
+                            }
+                        }
+                    }
+                };
+                if let Some(policy) = policy {
+                    channels.push(ChannelConfig {
+                        id: c.id.clone(),
+                        group: g.id.clone(),
+                        tier: c.tier,
+                        price_per_1k_tokens: c.price_per_1k_tokens,
+                        capacity_rps: c.capacity_rps,
+                        initial_weight,
+                        quota: c.quota,
+                        policy,
+                    });
+                }
+            }
+            if !g.channels.is_empty()
+                && g.channels.iter().all(|c| {
+                    c.initial_weight
+                        .or_else(|| raw.tiers.get(&c.tier).and_then(|t| t.initial_weight))
+                        .unwrap_or_else(|| builtin_initial_weight(c.tier))
+                        <= 0.0
+                })
+            {
+                v.push(
+                    format!("{gk}.channels"),
+                    "every channel has initial_weight 0: the group could serve nothing",
+                );
+            }
+            groups.push(GroupConfig {
+                id: g.id.clone(),
+                budget_per_hour: g.budget_per_hour,
+                channels,
+            });
+        }
+
+        if !v.0.is_empty() {
+            return Err(ConfigError { issues: v.0 });
+        }
+        Ok(Config {
+            engine: raw.engine,
+            alerts: raw.alerts,
+            schedule: raw.schedule,
+            classes: raw.traffic_classes,
+            groups,
+        })
+    }
+
+    /// Every channel, in config order (groups, then channels).
+    pub fn channels(&self) -> impl Iterator<Item = &ChannelConfig> {
+        self.groups.iter().flat_map(|g| g.channels.iter())
+    }
+
+    /// A config with one group of the given channels and all defaults; for
+    /// tests and examples.
+    pub fn single_group(group: &str, channels: &[(&str, Tier, f64, f64)]) -> Config {
+        let mut text = format!("[[groups]]\nid = \"{group}\"\n");
+        for (id, tier, price, cap) in channels {
+            text.push_str(&format!(
+                "[[groups.channels]]\nid = \"{id}\"\ntier = \"{}\"\nprice_per_1k_tokens = {price:?}\ncapacity_rps = {cap:?}\n",
+                tier.as_str()
+            ));
+        }
+        match Config::from_toml(&text) {
+            Ok(c) => c,
+            Err(e) => panic!("single_group config is invalid: {e}"),
+        }
+    }
+}
+
+fn validate_alerts(a: &AlertConfig, v: &mut Issues) {
+    v.positive_ms("alerts.dedup_window_ms".into(), a.dedup_window_ms);
+    v.positive_ms("alerts.quota_alert_ms".into(), a.quota_alert_ms);
+    v.fraction("alerts.p1_error_rate".into(), a.p1_error_rate);
+    v.fraction("alerts.rate_limit_spike".into(), a.rate_limit_spike);
+    v.non_negative("alerts.p1_p99_ms".into(), a.p1_p99_ms);
+    if a.probe_failures_p1 == 0 {
+        v.push("alerts.probe_failures_p1", "must be at least 1");
+    }
+}
+
+fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {
+    if !(s.capacity_headroom > 0.0 && s.capacity_headroom <= 1.0) {
+        v.push(
+            "schedule.capacity_headroom",
+            format!("must be within (0, 1], got {}", s.capacity_headroom),
+        );
+    }
+    if !(s.max_weight_step > 0.0 && s.max_weight_step <= 1.0) {
+        v.push("schedule.max_weight_step", "must be within (0, 1]");
+    }
+    v.positive_ms("schedule.demand_window_ms".into(), s.demand_window_ms);
+    if !(0.0..0.5).contains(&s.min_weight) {
+        v.push("schedule.min_weight", "must be within [0, 0.5)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[groups]]
+id = "chat"
+[[groups.channels]]
+id = "free-a"
+tier = "free"
+capacity_rps = 20
+[[groups.channels]]
+id = "paid-a"
+tier = "paid"
+price_per_1k_tokens = 0.5
+capacity_rps = 40
+"#;
+
+    #[test]
+    fn minimal_config_gets_seed_defaults_and_tier_layers() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        let free = &c.groups[0].channels[0];
+        let paid = &c.groups[0].channels[1];
+        assert_eq!(free.initial_weight, 0.3);
+        assert_eq!(paid.initial_weight, 0.7);
+        assert_eq!(free.policy.states.consecutive_failures, 3);
+        assert_eq!(paid.policy.states.consecutive_failures, 5);
+        assert_eq!(paid.policy.signals.p99_latency_ms.normal, 2000.0);
+        assert_eq!(free.policy.signals.p99_latency_ms.normal, 1500.0);
+        assert_eq!(paid.policy.states.at_risk_enter, 0.45);
+        assert_eq!(c.engine.outcome_window, 100);
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../hermes.example.toml");
+        Config::from_toml(text).unwrap();
+    }
+
+    #[test]
+    fn channel_override_touches_one_key() {
+        let text =
+            format!("{MINIMAL}\n[groups.channels.policy.signals.p99_latency_ms]\nnormal = 900.0\n");
+        let c = Config::from_toml(&text).unwrap();
+        let paid = &c.groups[0].channels[1];
+        assert_eq!(paid.policy.signals.p99_latency_ms.normal, 900.0);
+        assert_eq!(paid.policy.signals.p99_latency_ms.degraded, 6000.0);
+    }
+
+    fn issues(text: &str) -> Vec<String> {
+        Config::from_toml(text)
+            .unwrap_err()
+            .issues
+            .iter()
+            .map(|i| i.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn errors_name_the_offending_key() {
+        let bad = MINIMAL.replace("capacity_rps = 40", "capacity_rps = -1")
+            + "\n[policy.states]\nat_risk_exit = 0.5\ncooldown_ms = -5\n";
+        let all = issues(&bad);
+        let joined = all.join("\n");
+        assert!(
+            joined.contains("groups[0] (chat).channels[1] (paid-a).capacity_rps"),
+            "{joined}"
+        );
+        assert!(joined.contains("policy.states.at_risk_exit: must be below at_risk_enter"));
+        assert!(
+            !joined.contains("tiers.paid.policy.states.at_risk_exit"),
+            "reported once: {joined}"
+        );
+        assert!(joined.contains("policy.states.cooldown_ms: must be a positive duration"));
+    }
+
+    #[test]
+    fn unknown_keys_and_crossed_bounds_are_refused() {
+        let all = issues(&format!("{MINIMAL}\n[engine]\nslise_ms = 5\n"));
+        assert!(all[0].contains("unknown field `slise_ms`"), "{all:?}");
+
+        let all = issues(&format!(
+            "{MINIMAL}\n[policy.signals.error_rate]\nweight = -1.0\nnormal = 0.05\ndegraded = 0.05\nmin_samples = 0\n"
+        ));
+        let joined = all.join("\n");
+        assert!(joined.contains("signals.error_rate.weight: must be a finite number >= 0"));
+        assert!(all.iter().all(|i| !i.starts_with("tiers.paid")), "{all:?}");
+        assert!(joined.contains("signals.error_rate: normal and degraded bounds are equal"));
+        assert!(joined.contains("signals.error_rate.min_samples"));
+    }
+
+    #[test]
+    fn duplicate_channels_and_empty_groups_are_refused() {
+        let text = format!(
+            "{MINIMAL}\n[[groups]]\nid = \"other\"\n[[groups.channels]]\nid = \"free-a\"\ntier = \"free\"\ncapacity_rps = 1\n[[groups]]\nid = \"empty\"\n"
+        );
+        let joined = issues(&text).join("\n");
+        assert!(joined.contains("groups[1] (other).channels[0] (free-a).id: duplicate channel id"));
+        assert!(joined.contains("groups[2] (empty).channels: a group needs at least one channel"));
+    }
+
+    #[test]
+    fn recovery_schedule_must_reach_full_weight() {
+        let text = format!(
+            "{MINIMAL}\n[[policy.states.recovery_steps]]\nuntil = 0.5\nstep = 0.1\nevery_ms = 1000\n"
+        );
+        let joined = issues(&text).join("\n");
+        assert!(joined.contains("recovery_steps: the last step must reach until = 1.0"));
+    }
+}

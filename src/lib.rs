@@ -1,0 +1,37 @@
+//! Hermes keeps a fleet of LLM gateways routing around sick upstreams.
+//!
+//! Gateways emit one Avro event per upstream attempt; Hermes turns those
+//! events into per-channel health, runs a graded state machine and a
+//! cost-aware scheduler per route group, and publishes weights that gateways
+//! read atomically. Every action is also an alert event.
+//!
+//! # Layout
+//! The **engine** is pure, synchronous and deterministic: it imports no
+//! tokio, Kafka or Redis, and every time-dependent call takes event time.
+//!
+//! - `event`: the request event (`schemas/request_event.avsc`), borrowed.
+//! - `codec`: Avro decode (plain and Confluent framing, writer-schema
+//!   resolution) and encode; typed errors for the dead-letter topic.
+//! - `config`: the TOML config, every SPEC threshold as a validated default,
+//!   tier and per-channel overrides.
+//! - `window`: event-time slice rings with t-digests, the last-N outcome
+//!   window, the failure streak, the baseline.
+//! - `signals`: SPEC §4 signals measured from the windows.
+//! - `score`: the weighted health score with its breakdown.
+//! - `state`: the HEALTHY / AT_RISK / DRAINED / OBSERVING / RECOVERING
+//!   machine, pins, oscillation detection.
+//! - `alert`: alert events, severities and dedup.
+//! - `pipeline`: the engine that ties the above together per event and per
+//!   evaluation tick.
+//!
+//! The **shell** (`main.rs`) translates between the world and engine calls.
+
+pub mod alert;
+pub mod codec;
+pub mod config;
+pub mod event;
+pub mod pipeline;
+pub mod score;
+pub mod signals;
+pub mod state;
+pub mod window;

@@ -1,0 +1,658 @@
+//! The health engine: request events in, per-channel health and alert events
+//! out. Pure and synchronous; the service, the demo, the simulator and replay
+//! all drive this same type.
+//!
+//! # Time
+//! The engine keeps a watermark: the highest event time it has seen. One
+//! engine serves channels that share a watermark, which in the service means
+//! one engine per Kafka partition. Evaluation ticks fall every
+//! `engine.evaluation_interval_ms` on a fixed grid; when an event (or an
+//! explicit [`Engine::advance_to`]) moves the watermark past a tick, every
+//! channel is evaluated *at the tick's time*, before the event is recorded.
+//! Identical input sequences therefore give identical decisions.
+//!
+//! # Per event (the hot path)
+//! Look up the channel (one hash of the id), check lateness, push the event
+//! into its slice, update the outcome window and failure streak, and take the
+//! consecutive-failure fast path when the streak reaches its threshold. No
+//! allocation unless an alert is raised.
+//!
+//! # Per tick
+//! For every channel: measure signals, score them, step the state machine,
+//! run the alert rules, and teach the baseline if the channel is healthy.
+
+use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
+use crate::config::{ChannelConfig, Config};
+use crate::event::{ErrorClass, RequestEvent};
+use crate::score::{score, Score};
+use crate::signals::{baseline_point, measure, Signals};
+use crate::state::{Change, Pin, StateKind, StateMachine};
+use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
+use std::sync::Arc;
+
+/// Dense index of a channel in the engine (config order).
+pub type ChannelIdx = u32;
+
+/// Why an event was not applied. Each is counted in [`EngineStats`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("unknown channel `{channel}`")]
+    UnknownChannel { channel: String },
+    #[error("channel `{channel}` belongs to group `{expected}`, event says `{got}`")]
+    GroupMismatch {
+        channel: String,
+        expected: String,
+        got: String,
+    },
+    #[error("event is {lag_ms} ms behind the watermark, past the allowed lateness")]
+    TooLate { lag_ms: i64 },
+}
+
+impl ApplyError {
+    /// Bounded metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApplyError::UnknownChannel { .. } => "unknown_channel",
+            ApplyError::GroupMismatch { .. } => "group_mismatch",
+            ApplyError::TooLate { .. } => "too_late",
+        }
+    }
+}
+
+/// Counters the shell exports as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub applied: u64,
+    pub too_late: u64,
+    pub unknown_channel: u64,
+    pub group_mismatch: u64,
+    pub evaluations: u64,
+}
+
+/// A channel's health as the scheduler and the status view read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelHealth {
+    pub id: String,
+    pub group: String,
+    pub state: StateKind,
+    /// Health weight factor in [0, 1] (state, or the pin when pinned).
+    pub weight: f64,
+    /// Latest score; `None` before any signal had enough samples.
+    pub score: Option<f64>,
+    pub pinned: bool,
+    /// Observed real requests per second, per traffic class (schema order).
+    pub demand_rps: [f64; 4],
+    /// Mean tokens per real request over the demand window.
+    pub tokens_per_request: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub error_rate: Option<f64>,
+    pub quota_remaining: Option<i64>,
+    pub quota_exhausted_in_ms: Option<i64>,
+}
+
+struct ChannelRuntime {
+    cfg: ChannelConfig,
+    ring: SliceRing,
+    outcomes: OutcomeWindow,
+    streak: FailureStreak,
+    probe_streak: u32,
+    baseline: Baseline,
+    machine: StateMachine,
+    score: Option<Score>,
+    signals: Signals,
+    last_event_ms: Option<i64>,
+    next_baseline_ms: Option<i64>,
+}
+
+/// The health engine for a set of channels sharing one watermark.
+pub struct Engine {
+    cfg: Arc<Config>,
+    channels: Vec<ChannelRuntime>,
+    by_id: ahash::AHashMap<Box<str>, ChannelIdx>,
+    watermark_ms: Option<i64>,
+    first_event_ms: Option<i64>,
+    next_eval_ms: Option<i64>,
+    rules: AlertRules,
+    stats: EngineStats,
+    scratch: Vec<Change>,
+}
+
+impl Engine {
+    /// An engine for every channel of the config.
+    pub fn new(cfg: Arc<Config>) -> Engine {
+        Engine::for_channels(cfg.clone(), |_| true)
+    }
+
+    /// An engine for the channels `owned` selects (the service: those of one
+    /// partition).
+    pub fn for_channels(cfg: Arc<Config>, owned: impl Fn(&ChannelConfig) -> bool) -> Engine {
+        let e = &cfg.engine;
+        let mut channels = Vec::new();
+        let mut by_id = ahash::AHashMap::new();
+        for c in cfg.channels().filter(|c| owned(c)) {
+            by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
+            channels.push(ChannelRuntime {
+                cfg: c.clone(),
+                ring: SliceRing::new(e),
+                outcomes: OutcomeWindow::new(e.outcome_window),
+                streak: FailureStreak::default(),
+                probe_streak: 0,
+                baseline: Baseline::new(e.baseline_windows),
+                machine: StateMachine::default(),
+                score: None,
+                signals: Signals::default(),
+                last_event_ms: None,
+                next_baseline_ms: None,
+            });
+        }
+        Engine {
+            rules: AlertRules::new(cfg.alerts.clone()),
+            cfg,
+            channels,
+            by_id,
+            watermark_ms: None,
+            first_event_ms: None,
+            next_eval_ms: None,
+            stats: EngineStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.cfg
+    }
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+    pub fn watermark_ms(&self) -> Option<i64> {
+        self.watermark_ms
+    }
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+    pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
+        self.by_id.get(id).copied()
+    }
+    pub fn channel_id(&self, idx: ChannelIdx) -> &str {
+        &self.channels[idx as usize].cfg.id
+    }
+
+    /// Warm once a short window of event time has been seen: before that the
+    /// engine's view is too thin to publish (fail static, never "all healthy"
+    /// from nothing).
+    pub fn is_warm(&self) -> bool {
+        match (self.first_event_ms, self.watermark_ms) {
+            (Some(first), Some(w)) => w - first >= self.cfg.engine.short_window_ms,
+            _ => false,
+        }
+    }
+
+    /// Applies one event. Alerts it causes (the fast path, evaluation ticks it
+    /// crosses) are appended to `out`.
+    pub fn apply(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        let Some(&idx) = self.by_id.get(ev.channel_id) else {
+            self.stats.unknown_channel += 1;
+            return Err(ApplyError::UnknownChannel {
+                channel: ev.channel_id.to_string(),
+            });
+        };
+        let t = ev.event_time_ms;
+        if let Some(w) = self.watermark_ms {
+            if t < w - self.cfg.engine.allowed_lateness_ms {
+                self.stats.too_late += 1;
+                return Err(ApplyError::TooLate { lag_ms: w - t });
+            }
+        }
+        {
+            let ch = &self.channels[idx as usize];
+            if ch.cfg.group != ev.route_group {
+                self.stats.group_mismatch += 1;
+                return Err(ApplyError::GroupMismatch {
+                    channel: ev.channel_id.to_string(),
+                    expected: ch.cfg.group.clone(),
+                    got: ev.route_group.to_string(),
+                });
+            }
+        }
+        if self.watermark_ms.is_none_or(|w| t > w) {
+            self.advance_to(t, out);
+        }
+        self.stats.applied += 1;
+        let ch = &mut self.channels[idx as usize];
+        ch.ring.record(ev);
+        ch.last_event_ms = Some(ch.last_event_ms.map_or(t, |l| l.max(t)));
+        if ev.error_class == ErrorClass::Cancelled {
+            return Ok(());
+        }
+        if ev.is_probe {
+            if ev.error_class.is_hard_failure() {
+                ch.probe_streak += 1;
+            } else if ev.error_class == ErrorClass::None {
+                ch.probe_streak = 0;
+            }
+        }
+        if ev.error_class == ErrorClass::None || ev.error_class.is_hard_failure() {
+            ch.outcomes.record(ev.error_class.is_hard_failure());
+        }
+        let before = ch.streak.count;
+        let n = ch.streak.record(ev.error_class);
+        let probe_streak = ch.probe_streak;
+        if n > before {
+            let policy = ch.cfg.policy.clone();
+            self.scratch.clear();
+            let mut scratch = std::mem::take(&mut self.scratch);
+            self.channels[idx as usize].machine.on_failure_streak(
+                t,
+                n,
+                &policy.states,
+                &mut scratch,
+            );
+            self.emit_changes(idx, &scratch, out);
+            self.scratch = scratch;
+        }
+        if ev.is_probe && probe_streak > 0 {
+            let ch = &self.channels[idx as usize];
+            let who = Subject {
+                group: &ch.cfg.group,
+                channel: &ch.cfg.id,
+                index: idx,
+            };
+            self.rules.on_probe_streak(&who, t, probe_streak, out);
+        }
+        Ok(())
+    }
+
+    /// Moves the watermark to `now_ms` (if later) and runs every evaluation
+    /// tick up to it. The service calls this for idle partitions; the
+    /// simulator calls it with simulated time.
+    pub fn advance_to(&mut self, now_ms: i64, out: &mut Vec<AlertEvent>) {
+        if self.watermark_ms.is_some_and(|w| now_ms <= w) {
+            return;
+        }
+        let interval = self.cfg.engine.evaluation_interval_ms;
+        if self.first_event_ms.is_none() {
+            self.first_event_ms = Some(now_ms);
+            // First tick on the grid after the first event.
+            self.next_eval_ms = Some((now_ms.div_euclid(interval) + 1) * interval);
+        }
+        while let Some(tick) = self.next_eval_ms.filter(|t| *t <= now_ms) {
+            self.watermark_ms = Some(tick);
+            self.evaluate_all(tick, out);
+            self.next_eval_ms = Some(tick + interval);
+        }
+        self.watermark_ms = Some(now_ms);
+    }
+
+    fn evaluate_all(&mut self, now: i64, out: &mut Vec<AlertEvent>) {
+        let lateness = self.cfg.engine.allowed_lateness_ms;
+        let short_ms = self.cfg.engine.short_window_ms;
+        let silent_after = self.cfg.engine.silent_after_ms;
+        let first_event = self.first_event_ms.unwrap_or(now);
+        for idx in 0..self.channels.len() {
+            self.stats.evaluations += 1;
+            let ch = &mut self.channels[idx];
+            let policy = ch.cfg.policy.clone();
+            ch.ring.seal_before(now, lateness);
+            let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
+            ch.signals = measure(
+                &mut ch.ring,
+                &ch.outcomes,
+                &ch.baseline,
+                &self.cfg.engine,
+                &policy.signals,
+                now,
+                since,
+            );
+            let sc = score(&ch.signals, &policy.signals);
+            let voted = sc.voters() > 0;
+            ch.score = voted.then_some(sc);
+
+            // The baseline learns once per short window, only while healthy.
+            let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
+            if now >= next_learn {
+                ch.next_baseline_ms = Some(next_learn + short_ms);
+                if ch.machine.is_healthy() && voted && sc.value < policy.states.at_risk_enter {
+                    let (p99, out_median) = baseline_point(&ch.signals, &policy.signals);
+                    if p99.is_finite() || out_median.is_finite() {
+                        ch.baseline.learn(p99, out_median);
+                    }
+                }
+            }
+
+            self.scratch.clear();
+            let mut scratch = std::mem::take(&mut self.scratch);
+            ch.machine
+                .evaluate(now, voted.then_some(sc.value), &policy.states, &mut scratch);
+            self.emit_changes(idx as ChannelIdx, &scratch, out);
+            self.scratch = scratch;
+
+            let ch = &self.channels[idx];
+            let who = Subject {
+                group: &ch.cfg.group,
+                channel: &ch.cfg.id,
+                index: idx as ChannelIdx,
+            };
+            self.rules.on_evaluation(&who, now, &ch.signals, &sc, out);
+            if ch.machine.is_oscillating(now, &policy.states) {
+                self.rules.alarm(
+                    &who,
+                    AlertKind::Oscillation,
+                    Severity::P2,
+                    now,
+                    "oscillation".into(),
+                    format!(
+                        "channel {}: more than {} weight changes within {} s",
+                        ch.cfg.id,
+                        policy.states.oscillation_max_changes,
+                        policy.states.oscillation_window_ms / 1000
+                    ),
+                    ch.score.as_ref(),
+                    out,
+                );
+            }
+            let quiet_since = ch.last_event_ms.unwrap_or(first_event);
+            if now - quiet_since > silent_after && ch.machine.weight(&policy.states) > 0.0 {
+                self.rules.alarm(
+                    &who,
+                    AlertKind::SilentChannel,
+                    Severity::P2,
+                    now,
+                    format!("silent_ms={}", now - quiet_since),
+                    format!(
+                        "channel {}: no events for {} s while it has weight",
+                        ch.cfg.id,
+                        (now - quiet_since) / 1000
+                    ),
+                    None,
+                    out,
+                );
+            }
+        }
+    }
+
+    /// Turns machine changes into alerts and applies their side effects.
+    fn emit_changes(&mut self, idx: ChannelIdx, changes: &[Change], out: &mut Vec<AlertEvent>) {
+        let window = self.cfg.engine.outcome_window;
+        let ch = &mut self.channels[idx as usize];
+        for c in changes {
+            if c.to == StateKind::Observing && c.from != StateKind::Observing {
+                // Fresh evidence for the probation: the incident's failures
+                // have been acted on and must not block recovery (seed 002).
+                ch.outcomes = OutcomeWindow::new(window);
+                ch.streak = FailureStreak::default();
+            }
+            let who = Subject {
+                group: &ch.cfg.group,
+                channel: &ch.cfg.id,
+                index: idx,
+            };
+            out.push(
+                self.rules
+                    .on_change(&who, c, ch.score.as_ref(), &ch.signals),
+            );
+        }
+    }
+
+    /// Pins a channel (operator override), effective now. Returns false for
+    /// an unknown channel.
+    pub fn pin(
+        &mut self,
+        channel: &str,
+        pin: Option<Pin>,
+        now_ms: i64,
+        out: &mut Vec<AlertEvent>,
+    ) -> bool {
+        let Some(idx) = self.channel_index(channel) else {
+            return false;
+        };
+        let policy = self.channels[idx as usize].cfg.policy.clone();
+        let mut scratch = Vec::new();
+        let m = &mut self.channels[idx as usize].machine;
+        match pin {
+            Some(p) => m.set_pin(now_ms, p, &policy.states, &mut scratch),
+            None => m.clear_pin(now_ms, &policy.states, &mut scratch),
+        }
+        self.emit_changes(idx, &scratch, out);
+        true
+    }
+
+    /// The state machine of a channel (read-only).
+    pub fn machine(&self, idx: ChannelIdx) -> &StateMachine {
+        &self.channels[idx as usize].machine
+    }
+
+    /// Latest score with its breakdown.
+    pub fn score(&self, idx: ChannelIdx) -> Option<&Score> {
+        self.channels[idx as usize].score.as_ref()
+    }
+
+    /// Latest measured signals.
+    pub fn signals(&self, idx: ChannelIdx) -> &Signals {
+        &self.channels[idx as usize].signals
+    }
+
+    /// Health of one channel as of the last evaluation.
+    pub fn health(&self, idx: ChannelIdx) -> ChannelHealth {
+        let ch = &self.channels[idx as usize];
+        let now = self.watermark_ms.unwrap_or(0);
+        let window_ms = self.cfg.schedule.demand_window_ms;
+        let view = ch.ring.counters(now, window_ms, i64::MIN / 2);
+        // Demand over the part of the window the engine has actually seen.
+        let seen_ms = self
+            .first_event_ms
+            .map_or(window_ms, |f| (now - f).clamp(1, window_ms));
+        let secs = seen_ms as f64 / 1000.0;
+        let mut demand_rps = [0.0; 4];
+        for (d, n) in demand_rps.iter_mut().zip(view.class_requests) {
+            *d = n as f64 / secs;
+        }
+        let real_requests: u32 = view.class_requests.iter().sum();
+        let tokens: u64 = view.class_tokens.iter().sum();
+        ChannelHealth {
+            id: ch.cfg.id.clone(),
+            group: ch.cfg.group.clone(),
+            state: ch.machine.kind(),
+            weight: ch.machine.weight(&ch.cfg.policy.states),
+            score: ch.score.map(|s| s.value),
+            pinned: ch.machine.pin().is_some(),
+            demand_rps,
+            tokens_per_request: (real_requests > 0).then(|| tokens as f64 / real_requests as f64),
+            p99_ms: ch.signals.latency.map(|l| l.p99_ms),
+            error_rate: ch.signals.error_rate,
+            quota_remaining: ch.signals.quota_remaining,
+            quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
+        }
+    }
+
+    /// Health of every channel, in config order.
+    pub fn health_all(&self) -> Vec<ChannelHealth> {
+        (0..self.channels.len() as ChannelIdx)
+            .map(|i| self.health(i))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::tests::sample_event;
+    use crate::config::Tier;
+    use crate::event::TrafficClass;
+    use crate::state::TransitionReason;
+
+    const T0: i64 = 1_764_000_000_000;
+
+    fn engine() -> Engine {
+        Engine::new(Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        )))
+    }
+
+    fn ev(channel: &'static str, t: i64) -> RequestEvent<'static> {
+        let mut e = sample_event();
+        e.channel_id = channel;
+        e.event_time_ms = t;
+        e.traffic_class = TrafficClass::Core;
+        e.attempt = 0;
+        e.latency_ms = 800;
+        e.truncated = false;
+        e
+    }
+
+    /// Feeds healthy traffic at `rps` to both channels over [from, to).
+    fn healthy(e: &mut Engine, from: i64, to: i64, rps: i64, out: &mut Vec<AlertEvent>) {
+        let step = 1000 / rps;
+        let mut t = from;
+        while t < to {
+            e.apply(&ev("free-a", t), out).unwrap();
+            e.apply(&ev("paid-a", t), out).unwrap();
+            t += step;
+        }
+    }
+
+    #[test]
+    fn three_sparse_failures_far_apart_still_count() {
+        // The last-100 window sees failures a time window forgets (seed 002):
+        // 4 hard failures spread over 4 minutes among 96 successes.
+        let mut e = engine();
+        let mut out = Vec::new();
+        let mut t = T0;
+        for i in 0..100 {
+            let mut x = ev("paid-a", t);
+            if i % 25 == 0 {
+                x.error_class = ErrorClass::ServerError;
+            }
+            e.apply(&x, &mut out).unwrap();
+            t += 2_400; // 100 events over 4 minutes: ~2 per 5 s slice
+        }
+        e.advance_to(t, &mut out);
+        let idx = e.channel_index("paid-a").unwrap();
+        let s = e.signals(idx);
+        let recent = s
+            .get(crate::signals::SignalKind::RecentFailureRate)
+            .unwrap();
+        assert_eq!(recent.samples, 100);
+        assert!((recent.value - 0.04).abs() < 1e-9);
+        // Each failure alone is nowhere near the short window's sample minimum.
+        assert!(s.short_real.requests < 30);
+        let c = e.score(idx).unwrap().contributions
+            [crate::signals::SignalKind::RecentFailureRate as usize];
+        assert!(c.unwrap() > 0.0, "sparse failures vote");
+    }
+
+    #[test]
+    fn one_slow_outlier_does_not_move_a_healthy_channel() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 120_000, 10, &mut out);
+        let mut slow = ev("paid-a", T0 + 120_000);
+        slow.latency_ms = 60_000;
+        e.apply(&slow, &mut out).unwrap();
+        healthy(&mut e, T0 + 120_001, T0 + 240_000, 10, &mut out);
+        let idx = e.channel_index("paid-a").unwrap();
+        assert_eq!(e.machine(idx).kind(), StateKind::Healthy);
+        assert!(
+            out.iter().all(|a| a.kind != AlertKind::Transition),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn consecutive_failures_drain_on_the_event_not_the_tick() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
+        // free tier: 3 consecutive hard failures
+        for (i, t) in [60_001, 60_002, 60_003].iter().enumerate() {
+            let mut x = ev("free-a", T0 + t);
+            x.error_class = ErrorClass::ConnectionReset;
+            e.apply(&x, &mut out).unwrap();
+            let idx = e.channel_index("free-a").unwrap();
+            let expect = if i < 2 {
+                StateKind::Healthy
+            } else {
+                StateKind::Drained
+            };
+            assert_eq!(e.machine(idx).kind(), expect);
+        }
+        let a = out.last().unwrap();
+        assert_eq!(a.kind, AlertKind::Transition);
+        assert_eq!(a.event_time_ms, T0 + 60_003);
+        assert_eq!(a.to_state.as_deref(), Some("DRAINED"));
+        assert_eq!(
+            a.reason,
+            TransitionReason::ConsecutiveFailures { n: 3 }.to_string()
+        );
+    }
+
+    #[test]
+    fn late_and_too_late_events() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.apply(&ev("paid-a", T0 + 100_000), &mut out).unwrap();
+        // 8 s late: within the 10 s allowed lateness, lands in its slice.
+        e.apply(&ev("paid-a", T0 + 92_000), &mut out).unwrap();
+        // 11 s late: counted and dropped.
+        let err = e.apply(&ev("paid-a", T0 + 89_000), &mut out).unwrap_err();
+        assert_eq!(err, ApplyError::TooLate { lag_ms: 11_000 });
+        let s = e.stats();
+        assert_eq!((s.applied, s.too_late), (2, 1));
+        let idx = e.channel_index("paid-a").unwrap();
+        let view = e.channels[idx as usize]
+            .ring
+            .counters(T0 + 100_000, 60_000, i64::MIN / 2);
+        assert_eq!(view.real.requests, 2);
+    }
+
+    #[test]
+    fn unknown_channel_and_group_mismatch_are_errors() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        let err = e.apply(&ev("nope", T0), &mut out).unwrap_err();
+        assert_eq!(err.to_string(), "unknown channel `nope`");
+        let mut x = ev("paid-a", T0);
+        x.route_group = "other";
+        assert_eq!(e.apply(&x, &mut out).unwrap_err().kind(), "group_mismatch");
+    }
+
+    #[test]
+    fn warm_up_needs_a_short_window_of_event_time() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 59_000, 5, &mut out);
+        assert!(!e.is_warm());
+        healthy(&mut e, T0 + 59_000, T0 + 61_000, 5, &mut out);
+        assert!(e.is_warm());
+    }
+
+    #[test]
+    fn same_input_same_decisions() {
+        let run = || {
+            let mut e = engine();
+            let mut out = Vec::new();
+            let mut t = T0;
+            for i in 0..5_000i64 {
+                let mut x = ev(if i % 2 == 0 { "free-a" } else { "paid-a" }, t);
+                if i > 2_000 && i % 2 == 0 {
+                    x.truncated = i % 3 == 0;
+                    x.output_tokens = 120;
+                    x.latency_ms = 5_000;
+                }
+                let _ = e.apply(&x, &mut out);
+                t += 40;
+            }
+            out
+        };
+        let a = run();
+        assert!(!a.is_empty());
+        assert_eq!(a, run());
+    }
+}

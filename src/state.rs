@@ -1,0 +1,925 @@
+//! The graded per-channel state machine (SPEC §5), a breaker with five states:
+//!
+//! ```text
+//!   HEALTHY ──score≥enter×k──▶ AT_RISK ──score<exit×k──▶ HEALTHY
+//!      │                         │
+//!      └──score≥drain×k, or N consecutive hard failures (immediate)──▶ DRAINED
+//!   DRAINED ──cool-down elapsed──▶ OBSERVING ──k passes──▶ RECOVERING ──full weight──▶ HEALTHY
+//!                                  │  relapse                │ relapse
+//!                                  └────────▶ DRAINED ◀──────┘
+//! ```
+//!
+//! It is driven by two inputs, both carrying event time: `evaluate` once per
+//! evaluation tick with the channel's score, and `on_failure_streak` whenever
+//! the consecutive hard-failure counter grows (the fast path, which does not
+//! wait for a tick). It holds no clock: timers are event-time deadlines
+//! compared with the `now_ms` it is given.
+//!
+//! Anti-flap: exit thresholds sit below entry thresholds; every score-driven
+//! move needs consecutive confirmations; only RECOVERING leads back to
+//! HEALTHY; each incident raises a penalty that lengthens the next cool-down
+//! and halves over `penalty_half_life_ms`; more than
+//! `oscillation_max_changes` weight changes within `oscillation_window_ms`
+//! raise an oscillation alarm.
+
+use crate::config::StatePolicy;
+use std::collections::VecDeque;
+
+/// The state without its data: for labels, metrics and alert events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StateKind {
+    Healthy,
+    AtRisk,
+    Drained,
+    Observing,
+    Recovering,
+}
+
+impl StateKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::Healthy => "HEALTHY",
+            StateKind::AtRisk => "AT_RISK",
+            StateKind::Drained => "DRAINED",
+            StateKind::Observing => "OBSERVING",
+            StateKind::Recovering => "RECOVERING",
+        }
+    }
+    /// Numeric code for the Prometheus state gauge.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl std::fmt::Display for StateKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A channel's state and the data that state needs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChannelState {
+    Healthy,
+    AtRisk {
+        since_ms: i64,
+    },
+    /// Weight 0 until `until_ms` (the cool-down end).
+    Drained {
+        since_ms: i64,
+        until_ms: i64,
+    },
+    /// Half-open share; `passes` consecutive passing evaluations so far.
+    Observing {
+        since_ms: i64,
+        passes: u32,
+    },
+    /// Stepping back up: `weight` now, next step at `next_step_ms`.
+    Recovering {
+        since_ms: i64,
+        weight: f64,
+        next_step_ms: i64,
+    },
+}
+
+impl ChannelState {
+    pub fn kind(&self) -> StateKind {
+        match self {
+            ChannelState::Healthy => StateKind::Healthy,
+            ChannelState::AtRisk { .. } => StateKind::AtRisk,
+            ChannelState::Drained { .. } => StateKind::Drained,
+            ChannelState::Observing { .. } => StateKind::Observing,
+            ChannelState::Recovering { .. } => StateKind::Recovering,
+        }
+    }
+}
+
+/// Why a channel's state or weight changed: its own type for observability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TransitionReason {
+    /// Score at or above `at_risk_enter` for `evaluations` evaluations.
+    ScoreAtRisk { score: f64, evaluations: u32 },
+    /// Score below `at_risk_exit` for `evaluations` evaluations.
+    ScoreRecovered { score: f64, evaluations: u32 },
+    /// Score at or above `drain_enter` for `evaluations` evaluations.
+    ScoreDrain { score: f64, evaluations: u32 },
+    /// The fast path: `n` consecutive hard failures.
+    ConsecutiveFailures { n: u32 },
+    /// Cool-down of `cooldown_ms` elapsed.
+    CooldownElapsed { cooldown_ms: i64 },
+    /// `passes` consecutive passing evaluations while observing.
+    ObservationPassed { passes: u32 },
+    /// A failing evaluation while observing or recovering.
+    Relapse { score: f64 },
+    /// A recovery step was taken.
+    RecoveryStep { weight: f64 },
+    /// The recovery schedule reached full weight.
+    RecoveryComplete,
+    /// An operator pin took effect.
+    PinApplied,
+    /// An operator pin expired or was cleared.
+    PinReleased,
+}
+
+impl std::fmt::Display for TransitionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransitionReason::ScoreAtRisk { score, evaluations } => {
+                write!(
+                    f,
+                    "score_at_risk(score={score:.3}, evaluations={evaluations})"
+                )
+            }
+            TransitionReason::ScoreRecovered { score, evaluations } => {
+                write!(
+                    f,
+                    "score_recovered(score={score:.3}, evaluations={evaluations})"
+                )
+            }
+            TransitionReason::ScoreDrain { score, evaluations } => {
+                write!(
+                    f,
+                    "score_drain(score={score:.3}, evaluations={evaluations})"
+                )
+            }
+            TransitionReason::ConsecutiveFailures { n } => write!(f, "consecutive_failures(n={n})"),
+            TransitionReason::CooldownElapsed { cooldown_ms } => {
+                write!(f, "cooldown_elapsed(cooldown_ms={cooldown_ms})")
+            }
+            TransitionReason::ObservationPassed { passes } => {
+                write!(f, "observation_passed(passes={passes})")
+            }
+            TransitionReason::Relapse { score } => write!(f, "relapse(score={score:.3})"),
+            TransitionReason::RecoveryStep { weight } => {
+                write!(f, "recovery_step(weight={weight:.2})")
+            }
+            TransitionReason::RecoveryComplete => f.write_str("recovery_complete"),
+            TransitionReason::PinApplied => f.write_str("pin_applied"),
+            TransitionReason::PinReleased => f.write_str("pin_released"),
+        }
+    }
+}
+
+/// One change of state or weight, as the machine reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Change {
+    pub at_ms: i64,
+    pub from: StateKind,
+    pub to: StateKind,
+    pub reason: TransitionReason,
+    pub weight_before: f64,
+    pub weight_after: f64,
+}
+
+impl Change {
+    pub fn is_transition(&self) -> bool {
+        self.from != self.to
+    }
+}
+
+/// An operator override (SPEC §5 manual mode).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PinKind {
+    /// Weight 0 whatever the health.
+    Drain,
+    /// This health weight factor, in [0, 1].
+    Weight(f64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pin {
+    pub kind: PinKind,
+    /// The pin lapses at this event time; `None` holds until cleared.
+    pub until_ms: Option<i64>,
+}
+
+/// The per-channel machine. Cheap to clone (a snapshot for persistence).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateMachine {
+    state: ChannelState,
+    over_at_risk: u32,
+    over_drain: u32,
+    under_exit: u32,
+    /// Incident penalty as of `penalty_at_ms`.
+    penalty: f64,
+    penalty_at_ms: i64,
+    /// The cool-down of the current incident (reused by observing relapses).
+    incident_cooldown_ms: i64,
+    pin: Option<Pin>,
+    /// Event times of recent weight changes (oscillation detection).
+    weight_changes: VecDeque<i64>,
+}
+
+impl Default for StateMachine {
+    fn default() -> Self {
+        StateMachine {
+            state: ChannelState::Healthy,
+            over_at_risk: 0,
+            over_drain: 0,
+            under_exit: 0,
+            penalty: 0.0,
+            penalty_at_ms: 0,
+            incident_cooldown_ms: 0,
+            pin: None,
+            weight_changes: VecDeque::new(),
+        }
+    }
+}
+
+impl StateMachine {
+    pub fn state(&self) -> ChannelState {
+        self.state
+    }
+    pub fn kind(&self) -> StateKind {
+        self.state.kind()
+    }
+    pub fn pin(&self) -> Option<Pin> {
+        self.pin
+    }
+
+    /// The health weight factor the state alone implies, in [0, 1].
+    pub fn state_weight(&self, p: &StatePolicy) -> f64 {
+        match self.state {
+            ChannelState::Healthy => 1.0,
+            ChannelState::AtRisk { .. } => p.at_risk_weight,
+            ChannelState::Drained { .. } => 0.0,
+            ChannelState::Observing { .. } => p.half_open_share,
+            ChannelState::Recovering { weight, .. } => weight,
+        }
+    }
+
+    /// The health weight factor in force: a pin overrides the state.
+    pub fn weight(&self, p: &StatePolicy) -> f64 {
+        match self.pin.map(|pin| pin.kind) {
+            Some(PinKind::Drain) => 0.0,
+            Some(PinKind::Weight(w)) => w,
+            None => self.state_weight(p),
+        }
+    }
+
+    /// The time from which evidence counts: while a channel is on probation
+    /// (observing or recovering) only what happened since it was let back in.
+    pub fn evidence_since_ms(&self) -> Option<i64> {
+        match self.state {
+            ChannelState::Observing { since_ms, .. } => Some(since_ms),
+            ChannelState::Recovering { since_ms, .. } => Some(since_ms),
+            _ => None,
+        }
+    }
+
+    /// Is the channel somewhere a healthy baseline can be learned from.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self.state, ChannelState::Healthy)
+    }
+
+    /// The decayed incident penalty at `now_ms`.
+    pub fn penalty(&self, now_ms: i64, p: &StatePolicy) -> f64 {
+        let dt = (now_ms - self.penalty_at_ms).max(0) as f64;
+        self.penalty * 0.5f64.powf(dt / p.penalty_half_life_ms as f64)
+    }
+
+    /// Whether weight changes in the recent window exceed the oscillation
+    /// limit (SPEC §5: more than 4 in 3 minutes).
+    pub fn is_oscillating(&self, now_ms: i64, p: &StatePolicy) -> bool {
+        let from = now_ms - p.oscillation_window_ms;
+        self.weight_changes.iter().filter(|t| **t > from).count()
+            > p.oscillation_max_changes as usize
+    }
+
+    fn set_state(
+        &mut self,
+        now_ms: i64,
+        to: ChannelState,
+        reason: TransitionReason,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let weight_before = self.weight(p);
+        let from = self.state.kind();
+        self.state = to;
+        self.over_at_risk = 0;
+        self.over_drain = 0;
+        self.under_exit = 0;
+        let weight_after = self.weight(p);
+        self.note_weight_change(now_ms, weight_before, weight_after, p);
+        out.push(Change {
+            at_ms: now_ms,
+            from,
+            to: to.kind(),
+            reason,
+            weight_before,
+            weight_after,
+        });
+    }
+
+    fn note_weight_change(&mut self, now_ms: i64, before: f64, after: f64, p: &StatePolicy) {
+        if (before - after).abs() > 1e-12 {
+            self.weight_changes.push_back(now_ms);
+        }
+        let from = now_ms - p.oscillation_window_ms;
+        while self.weight_changes.front().is_some_and(|t| *t <= from) {
+            self.weight_changes.pop_front();
+        }
+    }
+
+    /// Drains for a new incident: raises the penalty and sets the cool-down.
+    fn drain(
+        &mut self,
+        now_ms: i64,
+        reason: TransitionReason,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let penalty = self.penalty(now_ms, p);
+        let cooldown = (p.cooldown_ms as f64 * p.cooldown_growth.powf(penalty))
+            .min(p.max_cooldown_ms as f64) as i64;
+        self.penalty = penalty + 1.0;
+        self.penalty_at_ms = now_ms;
+        self.incident_cooldown_ms = cooldown;
+        self.set_state(
+            now_ms,
+            ChannelState::Drained {
+                since_ms: now_ms,
+                until_ms: now_ms + cooldown,
+            },
+            reason,
+            p,
+            out,
+        );
+    }
+
+    /// The fast path: call with the consecutive hard-failure count whenever it
+    /// grows. Drains immediately at the policy's threshold.
+    pub fn on_failure_streak(
+        &mut self,
+        now_ms: i64,
+        n: u32,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        if n < p.consecutive_failures {
+            return;
+        }
+        let reason = TransitionReason::ConsecutiveFailures { n };
+        match self.state {
+            ChannelState::Drained { .. } => {}
+            ChannelState::Observing { .. } => {
+                // Same incident: back to DRAINED with the same cool-down.
+                let cooldown = self.incident_cooldown_ms.max(p.cooldown_ms);
+                self.set_state(
+                    now_ms,
+                    ChannelState::Drained {
+                        since_ms: now_ms,
+                        until_ms: now_ms + cooldown,
+                    },
+                    reason,
+                    p,
+                    out,
+                );
+            }
+            _ => self.drain(now_ms, reason, p, out),
+        }
+    }
+
+    /// One evaluation tick. `score` is `None` when no signal had enough
+    /// samples to vote: that neither confirms nor refutes anything, but timers
+    /// (cool-downs, recovery steps, pin expiry) still run.
+    pub fn evaluate(
+        &mut self,
+        now_ms: i64,
+        score: Option<f64>,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        self.expire_pin(now_ms, p, out);
+        match self.state {
+            ChannelState::Healthy | ChannelState::AtRisk { .. } => {
+                let Some(s) = score else { return };
+                self.over_drain = if s >= p.drain_enter {
+                    self.over_drain + 1
+                } else {
+                    0
+                };
+                self.over_at_risk = if s >= p.at_risk_enter {
+                    self.over_at_risk + 1
+                } else {
+                    0
+                };
+                self.under_exit = if s < p.at_risk_exit {
+                    self.under_exit + 1
+                } else {
+                    0
+                };
+                if self.over_drain >= p.drain_confirmations {
+                    let evaluations = self.over_drain;
+                    self.drain(
+                        now_ms,
+                        TransitionReason::ScoreDrain {
+                            score: s,
+                            evaluations,
+                        },
+                        p,
+                        out,
+                    );
+                } else if matches!(self.state, ChannelState::Healthy)
+                    && self.over_at_risk >= p.at_risk_confirmations
+                {
+                    let evaluations = self.over_at_risk;
+                    self.set_state(
+                        now_ms,
+                        ChannelState::AtRisk { since_ms: now_ms },
+                        TransitionReason::ScoreAtRisk {
+                            score: s,
+                            evaluations,
+                        },
+                        p,
+                        out,
+                    );
+                } else if matches!(self.state, ChannelState::AtRisk { .. })
+                    && self.under_exit >= p.healthy_confirmations
+                {
+                    let evaluations = self.under_exit;
+                    self.set_state(
+                        now_ms,
+                        ChannelState::Healthy,
+                        TransitionReason::ScoreRecovered {
+                            score: s,
+                            evaluations,
+                        },
+                        p,
+                        out,
+                    );
+                }
+            }
+            ChannelState::Drained { since_ms, until_ms } => {
+                if now_ms >= until_ms {
+                    self.set_state(
+                        now_ms,
+                        ChannelState::Observing {
+                            since_ms: now_ms,
+                            passes: 0,
+                        },
+                        TransitionReason::CooldownElapsed {
+                            cooldown_ms: until_ms - since_ms,
+                        },
+                        p,
+                        out,
+                    );
+                }
+            }
+            ChannelState::Observing { since_ms, passes } => {
+                let Some(s) = score else { return };
+                if s >= p.relapse_score {
+                    let cooldown = self.incident_cooldown_ms.max(p.cooldown_ms);
+                    self.set_state(
+                        now_ms,
+                        ChannelState::Drained {
+                            since_ms: now_ms,
+                            until_ms: now_ms + cooldown,
+                        },
+                        TransitionReason::Relapse { score: s },
+                        p,
+                        out,
+                    );
+                } else if s < p.observe_pass_score {
+                    let passes = passes + 1;
+                    if passes >= p.observe_passes {
+                        let first = p.recovery_steps[0].step.min(1.0);
+                        self.set_state(
+                            now_ms,
+                            ChannelState::Recovering {
+                                since_ms: now_ms,
+                                weight: first,
+                                next_step_ms: now_ms + step_interval(first, p),
+                            },
+                            TransitionReason::ObservationPassed { passes },
+                            p,
+                            out,
+                        );
+                    } else {
+                        self.state = ChannelState::Observing { since_ms, passes };
+                    }
+                } else {
+                    // Between pass and relapse: not a pass, so the streak restarts.
+                    self.state = ChannelState::Observing {
+                        since_ms,
+                        passes: 0,
+                    };
+                }
+            }
+            ChannelState::Recovering {
+                since_ms,
+                weight,
+                next_step_ms,
+            } => {
+                if let Some(s) = score.filter(|s| *s >= p.relapse_score) {
+                    self.drain(now_ms, TransitionReason::Relapse { score: s }, p, out);
+                    return;
+                }
+                if now_ms < next_step_ms {
+                    return;
+                }
+                let next = next_weight(weight, p);
+                if next >= 1.0 - 1e-9 {
+                    self.set_state(
+                        now_ms,
+                        ChannelState::Healthy,
+                        TransitionReason::RecoveryComplete,
+                        p,
+                        out,
+                    );
+                } else {
+                    let before = self.weight(p);
+                    self.state = ChannelState::Recovering {
+                        since_ms,
+                        weight: next,
+                        next_step_ms: now_ms + step_interval(next, p),
+                    };
+                    let after = self.weight(p);
+                    self.note_weight_change(now_ms, before, after, p);
+                    out.push(Change {
+                        at_ms: now_ms,
+                        from: StateKind::Recovering,
+                        to: StateKind::Recovering,
+                        reason: TransitionReason::RecoveryStep { weight: next },
+                        weight_before: before,
+                        weight_after: after,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Applies an operator pin. Recorded as a change (and so an alert).
+    pub fn set_pin(&mut self, now_ms: i64, pin: Pin, p: &StatePolicy, out: &mut Vec<Change>) {
+        let before = self.weight(p);
+        self.pin = Some(pin);
+        let after = self.weight(p);
+        self.note_weight_change(now_ms, before, after, p);
+        let k = self.kind();
+        out.push(Change {
+            at_ms: now_ms,
+            from: k,
+            to: k,
+            reason: TransitionReason::PinApplied,
+            weight_before: before,
+            weight_after: after,
+        });
+    }
+
+    /// Removes the pin, if any.
+    pub fn clear_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self.pin.is_none() {
+            return;
+        }
+        let before = self.weight(p);
+        self.pin = None;
+        let after = self.weight(p);
+        self.note_weight_change(now_ms, before, after, p);
+        let k = self.kind();
+        out.push(Change {
+            at_ms: now_ms,
+            from: k,
+            to: k,
+            reason: TransitionReason::PinReleased,
+            weight_before: before,
+            weight_after: after,
+        });
+    }
+
+    fn expire_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self
+            .pin
+            .and_then(|pin| pin.until_ms)
+            .is_some_and(|until| now_ms >= until)
+        {
+            self.clear_pin(now_ms, p, out);
+        }
+    }
+}
+
+/// The schedule leg that applies at `weight`.
+fn leg(weight: f64, p: &StatePolicy) -> &crate::config::RecoveryStep {
+    p.recovery_steps
+        .iter()
+        .find(|s| weight < s.until - 1e-9)
+        .unwrap_or_else(|| &p.recovery_steps[p.recovery_steps.len() - 1])
+}
+
+fn step_interval(weight: f64, p: &StatePolicy) -> i64 {
+    leg(weight, p).every_ms
+}
+
+fn next_weight(weight: f64, p: &StatePolicy) -> f64 {
+    let l = leg(weight, p);
+    // Round to avoid 0.1 + 0.2 drift piling up across steps.
+    (((weight + l.step).min(1.0)) * 1e6).round() / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> StatePolicy {
+        StatePolicy::default()
+    }
+
+    fn eval(m: &mut StateMachine, t: i64, s: f64) -> Vec<Change> {
+        let mut out = Vec::new();
+        m.evaluate(t, Some(s), &policy(), &mut out);
+        out
+    }
+
+    /// Drives a machine to DRAINED at t=0 via the fast path.
+    fn drained() -> StateMachine {
+        let mut m = StateMachine::default();
+        let mut out = Vec::new();
+        m.on_failure_streak(0, 5, &policy(), &mut out);
+        assert_eq!(m.kind(), StateKind::Drained);
+        m
+    }
+
+    #[test]
+    fn at_risk_needs_confirmations_and_exits_below_the_exit_threshold() {
+        let p = policy();
+        let mut m = StateMachine::default();
+        assert!(eval(&mut m, 0, 0.5).is_empty());
+        assert!(eval(&mut m, 5, 0.5).is_empty());
+        let ch = eval(&mut m, 10, 0.5);
+        assert_eq!(ch.len(), 1);
+        assert_eq!(ch[0].to, StateKind::AtRisk);
+        assert_eq!(
+            ch[0].reason,
+            TransitionReason::ScoreAtRisk {
+                score: 0.5,
+                evaluations: 3
+            }
+        );
+        assert_eq!(m.weight(&p), p.at_risk_weight);
+        // Below entry but not below exit: stays AT_RISK however long.
+        for i in 0..20 {
+            assert!(eval(&mut m, 15 + i, 0.40).is_empty());
+        }
+        assert_eq!(m.kind(), StateKind::AtRisk);
+        // Below exit, confirmed.
+        eval(&mut m, 100, 0.30);
+        eval(&mut m, 105, 0.30);
+        let ch = eval(&mut m, 110, 0.30);
+        assert_eq!(ch[0].to, StateKind::Healthy);
+        assert_eq!(m.weight(&p), 1.0);
+    }
+
+    #[test]
+    fn interrupted_confirmation_restarts() {
+        let mut m = StateMachine::default();
+        eval(&mut m, 0, 0.5);
+        eval(&mut m, 5, 0.5);
+        eval(&mut m, 10, 0.2);
+        eval(&mut m, 15, 0.5);
+        eval(&mut m, 20, 0.5);
+        assert_eq!(m.kind(), StateKind::Healthy);
+    }
+
+    #[test]
+    fn drain_needs_two_evaluations_over_the_drain_threshold() {
+        let mut m = StateMachine::default();
+        assert!(eval(&mut m, 0, 0.8).is_empty());
+        let ch = eval(&mut m, 5, 0.8);
+        assert_eq!(ch[0].to, StateKind::Drained);
+        assert_eq!(
+            ch[0].reason,
+            TransitionReason::ScoreDrain {
+                score: 0.8,
+                evaluations: 2
+            }
+        );
+        assert_eq!(ch[0].weight_after, 0.0);
+    }
+
+    #[test]
+    fn fast_path_drains_immediately_at_n() {
+        let p = policy();
+        let mut m = StateMachine::default();
+        let mut out = Vec::new();
+        m.on_failure_streak(7, 4, &p, &mut out);
+        assert!(out.is_empty());
+        m.on_failure_streak(8, 5, &p, &mut out);
+        assert_eq!(
+            out[0].reason,
+            TransitionReason::ConsecutiveFailures { n: 5 }
+        );
+        assert_eq!(
+            m.state(),
+            ChannelState::Drained {
+                since_ms: 8,
+                until_ms: 8 + p.cooldown_ms
+            }
+        );
+    }
+
+    #[test]
+    fn cooldown_then_observe_then_recover_on_schedule() {
+        let p = policy();
+        let mut m = drained();
+        assert!(eval(&mut m, p.cooldown_ms - 1, 0.0).is_empty());
+        let ch = eval(&mut m, p.cooldown_ms, 0.0);
+        assert_eq!(ch[0].to, StateKind::Observing);
+        assert_eq!(m.weight(&p), p.half_open_share);
+        let t = p.cooldown_ms;
+        eval(&mut m, t + 5_000, 0.1);
+        eval(&mut m, t + 10_000, 0.1);
+        let ch = eval(&mut m, t + 15_000, 0.1);
+        assert_eq!(ch[0].to, StateKind::Recovering);
+        let start = t + 15_000;
+        // SPEC §5: +10 % every 120 s up to 40 %, then +20 % up to full.
+        let mut weights = vec![m.weight(&p)];
+        let mut now = start;
+        while m.kind() == StateKind::Recovering {
+            now += 5_000;
+            for c in eval(&mut m, now, 0.1) {
+                assert_eq!(
+                    (c.at_ms - start) % 120_000,
+                    0,
+                    "steps land on the 120 s grid"
+                );
+                weights.push(c.weight_after);
+            }
+        }
+        assert_eq!(weights, vec![0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0]);
+        assert_eq!(now - start, 6 * 120_000);
+        assert_eq!(m.kind(), StateKind::Healthy);
+    }
+
+    #[test]
+    fn observing_relapse_reuses_the_incident_cooldown() {
+        let p = policy();
+        let mut m = drained();
+        eval(&mut m, p.cooldown_ms, 0.0);
+        let ch = eval(&mut m, p.cooldown_ms + 5_000, 0.9);
+        assert_eq!(ch[0].to, StateKind::Drained);
+        assert_eq!(ch[0].reason, TransitionReason::Relapse { score: 0.9 });
+        let t = p.cooldown_ms + 5_000;
+        assert_eq!(
+            m.state(),
+            ChannelState::Drained {
+                since_ms: t,
+                until_ms: t + p.cooldown_ms
+            }
+        );
+    }
+
+    #[test]
+    fn failure_during_recovery_drops_back_and_lengthens_the_next_cooldown() {
+        let p = policy();
+        let mut m = drained();
+        eval(&mut m, p.cooldown_ms, 0.0);
+        for i in 1..=3 {
+            eval(&mut m, p.cooldown_ms + i * 5_000, 0.0);
+        }
+        assert_eq!(m.kind(), StateKind::Recovering);
+        let t = p.cooldown_ms + 20_000;
+        let ch = eval(&mut m, t, 0.7);
+        assert_eq!(ch[0].to, StateKind::Drained);
+        let ChannelState::Drained { since_ms, until_ms } = m.state() else {
+            panic!()
+        };
+        let second = until_ms - since_ms;
+        // penalty ≈ 1 (decayed over 140 s of a 30 min half-life) → cool-down ≈ 2×.
+        assert!(
+            second > p.cooldown_ms * 19 / 10 && second <= 2 * p.cooldown_ms,
+            "{second}"
+        );
+    }
+
+    #[test]
+    fn the_penalty_decays_with_its_half_life() {
+        let p = policy();
+        let m = drained();
+        assert!((m.penalty(0, &p) - 1.0).abs() < 1e-12);
+        assert!((m.penalty(p.penalty_half_life_ms, &p) - 0.5).abs() < 1e-12);
+        // Long after, a new incident gets nearly the base cool-down again.
+        let mut m2 = StateMachine::default();
+        let mut out = Vec::new();
+        m2.on_failure_streak(0, 5, &p, &mut out);
+        let later = 10 * p.penalty_half_life_ms;
+        m2.evaluate(p.cooldown_ms, Some(0.0), &p, &mut out);
+        for i in 1..=3 {
+            m2.evaluate(p.cooldown_ms + i, Some(0.0), &p, &mut out);
+        }
+        // Finish recovery, then drain again much later.
+        let mut t = p.cooldown_ms + 10;
+        while m2.kind() != StateKind::Healthy {
+            t += 120_000;
+            m2.evaluate(t, Some(0.0), &p, &mut out);
+        }
+        m2.on_failure_streak(later, 5, &p, &mut out);
+        let ChannelState::Drained { since_ms, until_ms } = m2.state() else {
+            panic!()
+        };
+        assert!(until_ms - since_ms < p.cooldown_ms * 101 / 100);
+    }
+
+    #[test]
+    fn only_recovering_leads_back_to_healthy() {
+        let p = policy();
+        let mut m = drained();
+        // However good the score, DRAINED and OBSERVING never jump to HEALTHY.
+        let mut seen = vec![m.kind()];
+        let mut t = 0;
+        while m.kind() != StateKind::Healthy {
+            t += 5_000;
+            let mut out = Vec::new();
+            m.evaluate(t, Some(0.0), &p, &mut out);
+            for c in out {
+                if c.is_transition() {
+                    seen.push(c.to);
+                }
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                StateKind::Drained,
+                StateKind::Observing,
+                StateKind::Recovering,
+                StateKind::Healthy
+            ]
+        );
+    }
+
+    #[test]
+    fn pins_override_and_expire() {
+        let p = policy();
+        let mut m = StateMachine::default();
+        let mut out = Vec::new();
+        m.set_pin(
+            0,
+            Pin {
+                kind: PinKind::Drain,
+                until_ms: Some(60_000),
+            },
+            &p,
+            &mut out,
+        );
+        assert_eq!(m.weight(&p), 0.0);
+        assert_eq!(out[0].reason, TransitionReason::PinApplied);
+        out.clear();
+        m.evaluate(59_999, Some(0.0), &p, &mut out);
+        assert!(out.is_empty());
+        m.evaluate(60_000, Some(0.0), &p, &mut out);
+        assert_eq!(out[0].reason, TransitionReason::PinReleased);
+        assert_eq!(m.weight(&p), 1.0);
+        // A fixed-weight pin holds through state changes underneath.
+        out.clear();
+        m.set_pin(
+            70_000,
+            Pin {
+                kind: PinKind::Weight(0.5),
+                until_ms: None,
+            },
+            &p,
+            &mut out,
+        );
+        m.on_failure_streak(71_000, 9, &p, &mut out);
+        assert_eq!(m.kind(), StateKind::Drained);
+        assert_eq!(m.weight(&p), 0.5);
+        m.clear_pin(72_000, &p, &mut out);
+        assert_eq!(m.weight(&p), 0.0);
+    }
+
+    #[test]
+    fn no_score_changes_nothing_but_timers_run() {
+        let p = policy();
+        let mut m = drained();
+        let mut out = Vec::new();
+        m.evaluate(p.cooldown_ms, None, &p, &mut out);
+        assert_eq!(m.kind(), StateKind::Observing);
+        out.clear();
+        for i in 1..100 {
+            m.evaluate(p.cooldown_ms + i * 5_000, None, &p, &mut out);
+        }
+        assert!(out.is_empty());
+        assert_eq!(m.kind(), StateKind::Observing);
+    }
+
+    #[test]
+    fn oscillation_is_flagged_after_too_many_weight_changes() {
+        let p = policy();
+        let mut m = StateMachine::default();
+        let mut out = Vec::new();
+        for i in 0..5 {
+            let t = i * 20_000;
+            m.set_pin(
+                t,
+                Pin {
+                    kind: PinKind::Weight(if i % 2 == 0 { 0.2 } else { 0.8 }),
+                    until_ms: None,
+                },
+                &p,
+                &mut out,
+            );
+        }
+        assert!(m.is_oscillating(80_000, &p));
+        assert!(!m.is_oscillating(80_000 + p.oscillation_window_ms, &p));
+    }
+}

@@ -1,0 +1,655 @@
+//! Per-channel sliding windows in event time.
+//!
+//! # How slices rotate
+//! Time is cut into slices of `engine.slice_ms`. Slice number `s = t / slice_ms`
+//! lives in ring slot `s % ring_len`, where `ring_len = long_window_ms /
+//! slice_ms`. A slot remembers which slice it holds; writing slice `s` into a
+//! slot that still holds an older slice resets it first, so the ring never
+//! needs a timer: it rotates as events and queries arrive. A view of the last
+//! `w` ms at time `now` sums the slots whose slice lies in
+//! `(now/slice - w/slice, now/slice]` and ignores slots holding anything else.
+//!
+//! Each slice keeps counters for real and probe traffic and t-digests for
+//! latency (real short-input, real long-input, probe), TTFB and output tokens
+//! (real). Digests buffer pushes (tdigest's ~28 ns/value path) and are
+//! compacted to bare centroids once their slice can no longer receive late
+//! events, which releases the push buffer.
+//!
+//! # Memory per channel
+//! Counters: ~200 B per slice. Digests: at most `tdigest_size` centroids of
+//! 16 B each, five per slice, plus one push buffer of `5 × tdigest_size` f64
+//! in the slices still open. With the defaults (60 slices, size 100) the worst
+//! case is 60 × 5 × 1.6 KB + 2 × 5 × 4 KB ≈ 520 KB; a channel at a few
+//! requests per slice holds only as many centroids as values, a few KB. The
+//! outcome window is `outcome_window` bytes, the baseline 16 B per point.
+
+use crate::config::EngineConfig;
+use crate::event::{ErrorClass, RequestEvent, TrafficClass};
+use tdigest::TDigest;
+
+/// Counts for one population (real or probe) over one slice or a view.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counters {
+    /// Attempts, excluding cancelled ones (they say nothing about the channel).
+    pub requests: u32,
+    /// Failed attempts other than client 4xx.
+    pub errors: u32,
+    /// Client 4xx (counted lightly).
+    pub client_errors: u32,
+    /// Connect errors, timeouts, resets, 5xx.
+    pub hard_failures: u32,
+    /// HTTP 429.
+    pub rate_limited: u32,
+    /// attempt > 0.
+    pub retries: u32,
+    /// Latency above `engine.slow_request_ms`.
+    pub slow: u32,
+    /// Successful attempts (the quality population).
+    pub successes: u32,
+    pub truncated: u32,
+    /// Successes of structured requests, and those that failed their schema.
+    pub structured: u32,
+    pub schema_invalid: u32,
+    /// Successes containing U+FFFD.
+    pub garbled: u32,
+    /// Successes with fewer than `engine.short_output_tokens` output tokens.
+    pub short_outputs: u32,
+    /// Long-input attempts and their errors.
+    pub long_requests: u32,
+    pub long_errors: u32,
+    /// Input + output tokens of all attempts.
+    pub tokens: u64,
+    /// Spend in the cost currency.
+    pub cost: f64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.client_errors += o.client_errors;
+        self.hard_failures += o.hard_failures;
+        self.rate_limited += o.rate_limited;
+        self.retries += o.retries;
+        self.slow += o.slow;
+        self.successes += o.successes;
+        self.truncated += o.truncated;
+        self.structured += o.structured;
+        self.schema_invalid += o.schema_invalid;
+        self.garbled += o.garbled;
+        self.short_outputs += o.short_outputs;
+        self.long_requests += o.long_requests;
+        self.long_errors += o.long_errors;
+        self.tokens += o.tokens;
+        self.cost += o.cost;
+    }
+}
+
+/// Which digest of a slice to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Digest {
+    /// Real traffic, short and long input together.
+    Latency,
+    /// Real traffic with long input only.
+    LatencyLong,
+    /// Probe latency.
+    LatencyProbe,
+    /// Real time to first token.
+    Ttfb,
+    /// Output tokens of real successes.
+    OutputTokens,
+}
+
+#[derive(Clone)]
+struct Slice {
+    /// The slice number held, or `i64::MIN` for never used.
+    index: i64,
+    /// Compacted: no further late event can reach it.
+    sealed: bool,
+    real: Counters,
+    probe: Counters,
+    /// Real requests and tokens per traffic class (scheduler demand).
+    class_requests: [u32; 4],
+    class_tokens: [u64; 4],
+    latency_short: TDigest,
+    latency_long: TDigest,
+    latency_probe: TDigest,
+    ttfb: TDigest,
+    output_tokens: TDigest,
+    /// Last quota report in this slice: (event time, remaining).
+    quota: Option<(i64, i64)>,
+}
+
+fn compact(d: &mut TDigest) {
+    d.flush();
+    if d.is_empty() {
+        *d = TDigest::new_with_size(d.max_size());
+        return;
+    }
+    // Rebuild from centroids: drops the push buffer's capacity.
+    *d = TDigest::new(
+        d.centroids().to_vec(),
+        d.sum(),
+        d.count(),
+        d.max(),
+        d.min(),
+        d.max_size(),
+    );
+}
+
+impl Slice {
+    fn empty(size: usize) -> Slice {
+        Slice {
+            index: i64::MIN,
+            sealed: true,
+            real: Counters::default(),
+            probe: Counters::default(),
+            class_requests: [0; 4],
+            class_tokens: [0; 4],
+            latency_short: TDigest::new_with_size(size),
+            latency_long: TDigest::new_with_size(size),
+            latency_probe: TDigest::new_with_size(size),
+            ttfb: TDigest::new_with_size(size),
+            output_tokens: TDigest::new_with_size(size),
+            quota: None,
+        }
+    }
+
+    fn digest_mut(&mut self, which: Digest) -> &mut TDigest {
+        match which {
+            Digest::Latency | Digest::LatencyLong => &mut self.latency_long,
+            Digest::LatencyProbe => &mut self.latency_probe,
+            Digest::Ttfb => &mut self.ttfb,
+            Digest::OutputTokens => &mut self.output_tokens,
+        }
+    }
+
+    fn seal(&mut self) {
+        if !self.sealed {
+            for d in [
+                &mut self.latency_short,
+                &mut self.latency_long,
+                &mut self.latency_probe,
+                &mut self.ttfb,
+                &mut self.output_tokens,
+            ] {
+                compact(d);
+            }
+            self.sealed = true;
+        }
+    }
+}
+
+/// Summed counters of a view.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ViewCounters {
+    pub real: Counters,
+    pub probe: Counters,
+    pub class_requests: [u32; 4],
+    pub class_tokens: [u64; 4],
+}
+
+/// The time-sliced ring of one channel.
+pub struct SliceRing {
+    slice_ms: i64,
+    slices: Vec<Slice>,
+    long_input_tokens: i32,
+    short_output_tokens: i32,
+    slow_request_ms: i32,
+}
+
+impl SliceRing {
+    pub fn new(cfg: &EngineConfig) -> SliceRing {
+        let size = cfg.tdigest_size as usize;
+        SliceRing {
+            slice_ms: cfg.slice_ms,
+            slices: vec![Slice::empty(size); cfg.ring_slices()],
+            long_input_tokens: cfg.long_input_tokens.min(i32::MAX as u32) as i32,
+            short_output_tokens: cfg.short_output_tokens.min(i32::MAX as u32) as i32,
+            slow_request_ms: cfg.slow_request_ms.min(i32::MAX as u32) as i32,
+        }
+    }
+
+    fn slot(&self, index: i64) -> usize {
+        index.rem_euclid(self.slices.len() as i64) as usize
+    }
+
+    /// Slice number of an event time.
+    pub fn slice_of(&self, t_ms: i64) -> i64 {
+        t_ms.div_euclid(self.slice_ms)
+    }
+
+    /// Adds one event. The caller has already checked lateness, so the event's
+    /// slice is never older than the ring; if it somehow is, it is ignored and
+    /// `false` returned.
+    pub fn record(&mut self, ev: &RequestEvent<'_>) -> bool {
+        let index = self.slice_of(ev.event_time_ms);
+        let slot = self.slot(index);
+        let long_input_tokens = self.long_input_tokens;
+        let short_output_tokens = self.short_output_tokens;
+        let slow_request_ms = self.slow_request_ms;
+        let s = &mut self.slices[slot];
+        if s.index != index {
+            if s.index > index {
+                return false;
+            }
+            let size = s.latency_short.max_size();
+            *s = Slice::empty(size);
+            s.index = index;
+        }
+        s.sealed = false;
+        if ev.error_class == ErrorClass::Cancelled {
+            return true;
+        }
+        let long = ev.input_tokens >= long_input_tokens;
+        let c = if ev.is_probe {
+            &mut s.probe
+        } else {
+            &mut s.real
+        };
+        c.requests += 1;
+        let failed = ev.error_class.is_error();
+        match ev.error_class {
+            ErrorClass::ClientError => c.client_errors += 1,
+            e if e.is_error() => c.errors += 1,
+            _ => {}
+        }
+        if ev.error_class.is_hard_failure() {
+            c.hard_failures += 1;
+        }
+        if ev.error_class == ErrorClass::RateLimited {
+            c.rate_limited += 1;
+        }
+        if ev.attempt > 0 {
+            c.retries += 1;
+        }
+        if ev.latency_ms > slow_request_ms {
+            c.slow += 1;
+        }
+        if long {
+            c.long_requests += 1;
+            if failed && ev.error_class != ErrorClass::ClientError {
+                c.long_errors += 1;
+            }
+        }
+        let tokens = ev.input_tokens as u64 + ev.output_tokens as u64;
+        c.tokens += tokens;
+        c.cost += ev.cost;
+        if !failed {
+            c.successes += 1;
+            c.truncated += ev.truncated as u32;
+            if let Some(valid) = ev.schema_valid {
+                c.structured += 1;
+                c.schema_invalid += (!valid) as u32;
+            }
+            c.garbled += (ev.replacement_chars > 0) as u32;
+            c.short_outputs += (ev.output_tokens < short_output_tokens) as u32;
+        }
+        if let Some(q) = ev.quota_remaining {
+            if s.quota.is_none_or(|(t, _)| ev.event_time_ms >= t) {
+                s.quota = Some((ev.event_time_ms, q));
+            }
+        }
+        let latency = ev.latency_ms as f64;
+        if ev.is_probe {
+            s.latency_probe.push(latency);
+            return true;
+        }
+        let class = ev.traffic_class.index();
+        s.class_requests[class] += 1;
+        s.class_tokens[class] += tokens;
+        if long {
+            s.latency_long.push(latency);
+        } else {
+            s.latency_short.push(latency);
+        }
+        if let Some(ttfb) = ev.ttfb_ms {
+            s.ttfb.push(ttfb as f64);
+        }
+        if !failed {
+            s.output_tokens.push(ev.output_tokens as f64);
+        }
+        true
+    }
+
+    /// Compacts every slice that can no longer receive events (its end is
+    /// older than `watermark - allowed_lateness`).
+    pub fn seal_before(&mut self, watermark_ms: i64, allowed_lateness_ms: i64) {
+        let open_from = self.slice_of(watermark_ms - allowed_lateness_ms);
+        for s in &mut self.slices {
+            if s.index < open_from {
+                s.seal();
+            }
+        }
+    }
+
+    /// Slice numbers covered by the view `(now - window, now]`, clipped to
+    /// slices starting at or after `not_before_ms`.
+    fn range(&self, now_ms: i64, window_ms: i64, not_before_ms: i64) -> (i64, i64) {
+        let last = self.slice_of(now_ms);
+        let span = (window_ms / self.slice_ms).max(1);
+        let first = (last - span + 1).max(self.slice_of(not_before_ms + self.slice_ms - 1));
+        (first, last)
+    }
+
+    /// Counters of a view.
+    pub fn counters(&self, now_ms: i64, window_ms: i64, not_before_ms: i64) -> ViewCounters {
+        let (first, last) = self.range(now_ms, window_ms, not_before_ms);
+        let mut out = ViewCounters::default();
+        for s in &self.slices {
+            if s.index >= first && s.index <= last {
+                out.real.add(&s.real);
+                out.probe.add(&s.probe);
+                for i in 0..4 {
+                    out.class_requests[i] += s.class_requests[i];
+                    out.class_tokens[i] += s.class_tokens[i];
+                }
+            }
+        }
+        out
+    }
+
+    /// Merges one digest kind over a view. Returns `None` when it holds no
+    /// values. Cost: one merge of the view's centroids (evaluation path only).
+    pub fn digest(
+        &mut self,
+        which: Digest,
+        now_ms: i64,
+        window_ms: i64,
+        not_before_ms: i64,
+    ) -> Option<TDigest> {
+        let (first, last) = self.range(now_ms, window_ms, not_before_ms);
+        let mut parts = Vec::new();
+        for s in &mut self.slices {
+            if s.index < first || s.index > last {
+                continue;
+            }
+            if which == Digest::Latency {
+                s.latency_short.flush();
+                if !s.latency_short.is_empty() {
+                    parts.push(s.latency_short.clone());
+                }
+            }
+            let d = s.digest_mut(which);
+            d.flush();
+            if !d.is_empty() {
+                parts.push(d.clone());
+            }
+        }
+        match parts.len() {
+            0 => None,
+            1 => parts.pop(),
+            _ => Some(TDigest::merge_digests(parts)),
+        }
+    }
+
+    /// Oldest and newest quota report in the view, for the burn rate.
+    pub fn quota_reports(&self, now_ms: i64, window_ms: i64) -> Option<((i64, i64), (i64, i64))> {
+        let (first, last) = self.range(now_ms, window_ms, i64::MIN / 2);
+        let mut oldest: Option<(i64, i64)> = None;
+        let mut newest: Option<(i64, i64)> = None;
+        for s in &self.slices {
+            if s.index < first || s.index > last {
+                continue;
+            }
+            if let Some(q) = s.quota {
+                if oldest.is_none_or(|o| q.0 < o.0) {
+                    oldest = Some(q);
+                }
+                if newest.is_none_or(|n| q.0 > n.0) {
+                    newest = Some(q);
+                }
+            }
+        }
+        Some((oldest?, newest?))
+    }
+
+    /// Requests per traffic class in a view (for demand).
+    pub fn class_requests(&self, now_ms: i64, window_ms: i64) -> [u32; 4] {
+        self.counters(now_ms, window_ms, i64::MIN / 2)
+            .class_requests
+    }
+}
+
+/// Traffic class of an index (inverse of `TrafficClass::index`).
+pub fn class_at(i: usize) -> TrafficClass {
+    TrafficClass::ALL[i]
+}
+
+/// The last N outcomes, however far apart in time (SPEC §4, seed 002).
+/// Only outcomes that say something about the channel count: a success or a
+/// hard failure. 429s, client errors and cancellations are left out.
+#[derive(Debug, Clone)]
+pub struct OutcomeWindow {
+    outcomes: Vec<bool>,
+    next: usize,
+    len: usize,
+    failures: u32,
+}
+
+impl OutcomeWindow {
+    pub fn new(capacity: u32) -> OutcomeWindow {
+        OutcomeWindow {
+            outcomes: vec![false; capacity.max(1) as usize],
+            next: 0,
+            len: 0,
+            failures: 0,
+        }
+    }
+
+    pub fn record(&mut self, failed: bool) {
+        if self.len == self.outcomes.len() {
+            self.failures -= self.outcomes[self.next] as u32;
+        } else {
+            self.len += 1;
+        }
+        self.outcomes[self.next] = failed;
+        self.failures += failed as u32;
+        self.next = (self.next + 1) % self.outcomes.len();
+    }
+
+    pub fn len(&self) -> u32 {
+        self.len as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+    pub fn failure_rate(&self) -> Option<f64> {
+        (self.len > 0).then(|| self.failures as f64 / self.len as f64)
+    }
+}
+
+/// Consecutive hard failures, reset by a success (SPEC §4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureStreak {
+    pub count: u32,
+}
+
+impl FailureStreak {
+    /// Returns the streak after this outcome. Outcomes that are neither a
+    /// success nor a hard failure leave it unchanged.
+    pub fn record(&mut self, error: ErrorClass) -> u32 {
+        if error == ErrorClass::None {
+            self.count = 0;
+        } else if error.is_hard_failure() {
+            self.count += 1;
+        }
+        self.count
+    }
+}
+
+/// Medians of previous short windows (SPEC §4): the reference for relative
+/// latency and output length. The owner only calls `learn` while the channel
+/// is healthy, so a sick channel cannot teach itself that sick is normal.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    points: std::collections::VecDeque<(f64, f64)>,
+    capacity: usize,
+}
+
+impl Baseline {
+    pub fn new(capacity: u32) -> Baseline {
+        Baseline {
+            points: std::collections::VecDeque::with_capacity(capacity as usize),
+            capacity: capacity.max(1) as usize,
+        }
+    }
+
+    /// Remembers one completed window's P99 latency and output-token median
+    /// (NaN when the window lacked that measurement).
+    pub fn learn(&mut self, p99_ms: f64, output_median: f64) {
+        if self.points.len() == self.capacity {
+            self.points.pop_front();
+        }
+        self.points.push_back((p99_ms, output_median));
+    }
+
+    pub fn len(&self) -> u32 {
+        self.points.len() as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    fn median_of(&self, pick: impl Fn(&(f64, f64)) -> f64, min_points: u32) -> Option<f64> {
+        let mut v: Vec<f64> = self
+            .points
+            .iter()
+            .map(pick)
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.len() < min_points.max(1) as usize {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
+    }
+
+    /// Median P99 of the remembered windows.
+    pub fn p99_ms(&self, min_points: u32) -> Option<f64> {
+        self.median_of(|p| p.0, min_points)
+    }
+
+    /// Median of the remembered output-token medians.
+    pub fn output_median(&self, min_points: u32) -> Option<f64> {
+        self.median_of(|p| p.1, min_points)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::tests::sample_event;
+
+    fn cfg() -> EngineConfig {
+        EngineConfig::default()
+    }
+
+    fn ev_at(t: i64, latency: i32) -> RequestEvent<'static> {
+        let mut e = sample_event();
+        e.event_time_ms = t;
+        e.latency_ms = latency;
+        e
+    }
+
+    #[test]
+    fn views_cover_exactly_their_slices() {
+        let mut ring = SliceRing::new(&cfg());
+        let t0 = 1_000_000_000;
+        for i in 0..120 {
+            // one event per second for two minutes
+            ring.record(&ev_at(t0 + i * 1000, 100));
+        }
+        let now = t0 + 119_000;
+        let short = ring.counters(now, 60_000, i64::MIN / 2);
+        let long = ring.counters(now, 300_000, i64::MIN / 2);
+        // The short view is 12 whole slices ending with the current one.
+        let first = (now / 5000 - 11) * 5000;
+        let expected = (t0..=now).step_by(1000).filter(|t| *t >= first).count() as u32;
+        assert_eq!(short.real.requests, expected);
+        assert_eq!(long.real.requests, 120);
+        // not_before clips the view.
+        let clipped = ring.counters(now, 300_000, now - 10_000);
+        assert!(clipped.real.requests <= 15 && clipped.real.requests >= 10);
+    }
+
+    #[test]
+    fn ring_rotation_forgets_old_slices() {
+        let mut ring = SliceRing::new(&cfg());
+        let t0 = 1_000_000_000;
+        ring.record(&ev_at(t0, 100));
+        // Exactly one ring length (5 min) later the same slot is reused.
+        let later = t0 + 300_000;
+        ring.record(&ev_at(later, 100));
+        let view = ring.counters(later, 300_000, i64::MIN / 2);
+        assert_eq!(view.real.requests, 1);
+        // An event for a slice the ring has already overwritten is refused.
+        assert!(!ring.record(&ev_at(t0 + 5, 100)));
+    }
+
+    #[test]
+    fn quantiles_come_from_the_view() {
+        let mut ring = SliceRing::new(&cfg());
+        let t0 = 2_000_000_000;
+        for i in 0..1000 {
+            ring.record(&ev_at(t0 + i * 50, (i % 100) as i32 * 10 + 5));
+        }
+        let now = t0 + 999 * 50;
+        ring.seal_before(now, 10_000);
+        let d = ring
+            .digest(Digest::Latency, now, 60_000, i64::MIN / 2)
+            .unwrap();
+        let p50 = d.estimate_quantile(0.5).unwrap();
+        let p99 = d.estimate_quantile(0.99).unwrap();
+        assert!((p50 - 500.0).abs() < 30.0, "p50 {p50}");
+        assert!((p99 - 985.0).abs() < 30.0, "p99 {p99}");
+        assert!(ring
+            .digest(Digest::LatencyProbe, now, 60_000, i64::MIN / 2)
+            .is_none());
+    }
+
+    #[test]
+    fn outcome_window_keeps_only_the_last_n() {
+        let mut w = OutcomeWindow::new(100);
+        for i in 0..250 {
+            w.record(i % 50 == 0);
+        }
+        assert_eq!(w.len(), 100);
+        assert_eq!(w.failures(), 2);
+        assert_eq!(w.failure_rate(), Some(0.02));
+    }
+
+    #[test]
+    fn failure_streak_resets_on_success_only() {
+        let mut s = FailureStreak::default();
+        assert_eq!(s.record(ErrorClass::ConnectionReset), 1);
+        assert_eq!(s.record(ErrorClass::RateLimited), 1);
+        assert_eq!(s.record(ErrorClass::ClientError), 1);
+        assert_eq!(s.record(ErrorClass::ServerError), 2);
+        assert_eq!(s.record(ErrorClass::None), 0);
+    }
+
+    #[test]
+    fn baseline_median_needs_enough_points() {
+        let mut b = Baseline::new(5);
+        for p in [100.0, 300.0, 200.0] {
+            b.learn(p, f64::NAN);
+        }
+        assert_eq!(b.p99_ms(5), None);
+        assert_eq!(b.p99_ms(3), Some(200.0));
+        assert_eq!(b.output_median(1), None);
+        for p in [400.0, 500.0, 600.0] {
+            b.learn(p, 10.0);
+        }
+        // capacity 5: the first point (100) is gone
+        assert_eq!(b.p99_ms(1), Some(400.0));
+    }
+}
