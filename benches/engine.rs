@@ -187,5 +187,57 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// One scheduling pass: 50 channels × 4 classes, mixed states, a budget.
+fn bench_schedule(c: &mut Criterion) {
+    use hermes::config::{ClassPolicies, ScheduleConfig};
+    use hermes::schedule::{plan, ChannelInput, GroupInput};
+    use hermes::state::StateKind;
+    let states = [
+        StateKind::Healthy,
+        StateKind::Healthy,
+        StateKind::AtRisk,
+        StateKind::Recovering,
+        StateKind::Drained,
+    ];
+    let channels: Vec<ChannelInput> = (0..50)
+        .map(|i| ChannelInput {
+            id: format!("ch-{i:02}"),
+            state: states[i % 5],
+            health_weight: [1.0, 1.0, 0.3, 0.4, 0.0][i % 5],
+            pinned: false,
+            score: Some([0.1, 0.2, 0.5, 0.3, 0.9][i % 5]),
+            price_per_1k_tokens: (i % 7) as f64 * 0.3,
+            capacity_rps: 20.0 + (i % 11) as f64 * 10.0,
+            initial_weight: if i % 7 == 0 { 0.3 } else { 0.7 },
+            quota_remaining: None,
+            quota_exhausted_in_ms: None,
+            tokens_per_request: Some(900.0),
+        })
+        .collect();
+    let input = GroupInput {
+        group: "g".into(),
+        now_ms: T0,
+        channels,
+        demand_rps: [300.0, 600.0, 900.0, 200.0],
+        budget_per_hour: Some(2_000_000.0),
+        horizon_ms: 3_600_000,
+        warm: true,
+    };
+    let classes = ClassPolicies::default();
+    let cfg = ScheduleConfig::default();
+    let previous = plan(&input, &classes, &cfg, None, false);
+    c.bench_function("schedule/plan_50_channels_4_classes", |b| {
+        b.iter(|| {
+            black_box(plan(
+                black_box(&input),
+                &classes,
+                &cfg,
+                Some(&previous),
+                false,
+            ))
+        })
+    });
+}
+
+criterion_group!(benches, bench, bench_schedule);
 criterion_main!(benches);

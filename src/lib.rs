@@ -23,6 +23,8 @@
 //! - `alert`: alert events, severities and dedup.
 //! - `pipeline`: the engine that ties the above together per event and per
 //!   evaluation tick.
+//! - `schedule`: the cost-aware graded scheduler: per route group and
+//!   traffic class, weights over channels, shed shares, projected spend.
 //!
 //! The **shell** (`main.rs`) translates between the world and engine calls.
 
@@ -31,6 +33,7 @@ pub mod codec;
 pub mod config;
 pub mod event;
 pub mod pipeline;
+pub mod schedule;
 pub mod score;
 pub mod signals;
 pub mod state;

@@ -1,0 +1,1184 @@
+//! Cost-aware graded scheduling per route group (SPEC §6).
+//!
+//! Input: every channel of one group with its health (state, health weight
+//! factor, score, pin), price, capacity and quota forecast; the group's demand
+//! per traffic class; an optional spend budget. Output: a [`Plan`]: per class,
+//! weights over channels that sum to 1 plus a shed share, the projected spend,
+//! and each channel's planned load and the reason for it.
+//!
+//! # How a plan is built
+//! Channels are sorted by id first, so input order never matters.
+//! 1. **Caps.** Each channel's hard cap is `capacity × headroom`, lowered to
+//!    the sustainable rate when its quota is forecast to run out within the
+//!    horizon. Its soft *trust cap* is its tier share (`initial_weight`,
+//!    normalized over the group) of each class's demand: trust spreads risk
+//!    (seed 004: free 30 / paid 70), and is exceeded only to avoid shedding.
+//! 2. **Nominal plan.** The fill below with every channel treated as healthy:
+//!    what each channel would carry at full weight.
+//! 3. **Degraded channels.** AT_RISK, OBSERVING and RECOVERING channels may
+//!    carry `health weight × nominal load` (AT_RISK: 30 %, OBSERVING: the
+//!    half-open 5 %, RECOVERING: the current step). That allowance goes to the
+//!    lowest-priority *tolerant* classes first (`accepts_at_risk`); interactive
+//!    traffic leaves an AT_RISK channel first. DRAINED channels get nothing.
+//! 4. **Healthy fill.** Classes in priority order take healthy capacity,
+//!    cheapest channel first: first within trust caps, then beyond them up
+//!    to the hard cap. What still does not fit goes, for tolerant classes,
+//!    to AT_RISK capacity; the rest is shed and reported. No channel is ever
+//!    planned above its hard cap (the backup is never overloaded).
+//! 5. **Budget.** If projected spend exceeds the budget, the lowest-priority
+//!    classes move off the most expensive channels to cheaper headroom, or
+//!    are shed, until it fits.
+//! 6. **Smoothing.** Each class moves from the previous plan toward the new
+//!    one by at most `max_weight_step` per tick (a convex step in
+//!    demand-fraction space, so capacity feasibility is preserved), except
+//!    when a channel the class used became ineligible (a drain): that class
+//!    jumps immediately.
+//!
+//! Before anything is known (engine not warm, or no demand seen yet) the
+//! weights are the trust-tier shares.
+
+use crate::config::{ClassPolicies, ScheduleConfig};
+use crate::event::TrafficClass;
+use crate::state::StateKind;
+
+/// One channel as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelInput {
+    pub id: String,
+    pub state: StateKind,
+    /// Health weight factor from the state machine (pins included), [0, 1].
+    pub health_weight: f64,
+    pub pinned: bool,
+    pub score: Option<f64>,
+    pub price_per_1k_tokens: f64,
+    pub capacity_rps: f64,
+    /// Tier share while nothing is known; also the trust cap.
+    pub initial_weight: f64,
+    pub quota_remaining: Option<i64>,
+    pub quota_exhausted_in_ms: Option<i64>,
+    /// Mean tokens per request on this channel, if observed.
+    pub tokens_per_request: Option<f64>,
+}
+
+/// One group's scheduling input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupInput {
+    pub group: String,
+    pub now_ms: i64,
+    pub channels: Vec<ChannelInput>,
+    /// Requests per second per class (schema order of `TrafficClass`).
+    pub demand_rps: [f64; 4],
+    /// Spend ceiling per hour, if any.
+    pub budget_per_hour: Option<f64>,
+    /// Quota forecasts shorter than this plan the channel down.
+    pub horizon_ms: i64,
+    /// False until the engine has seen a window of data.
+    pub warm: bool,
+}
+
+/// Why a channel got the share it got (the first limit that bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ShareReason {
+    /// Nothing known yet: the tier's initial share.
+    InitialShare,
+    /// Full share, no limit bound.
+    Healthy,
+    /// Trust cap reached (tier share of demand).
+    TrustCap,
+    /// Capacity × headroom reached.
+    CapacityCap,
+    /// AT_RISK: only tolerant classes, at the reduced weight.
+    AtRisk,
+    Drained,
+    /// OBSERVING: the half-open share only.
+    Observing,
+    /// RECOVERING: the current recovery step.
+    Recovering,
+    /// Operator pin.
+    Pinned,
+    /// Planned down before its quota runs out.
+    QuotaCap,
+    /// Moved off to keep spend within budget.
+    BudgetCap,
+}
+
+impl ShareReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareReason::InitialShare => "initial_share",
+            ShareReason::Healthy => "healthy",
+            ShareReason::TrustCap => "trust_cap",
+            ShareReason::CapacityCap => "capacity_cap",
+            ShareReason::AtRisk => "at_risk",
+            ShareReason::Drained => "drained",
+            ShareReason::Observing => "observing",
+            ShareReason::Recovering => "recovering",
+            ShareReason::Pinned => "pinned",
+            ShareReason::QuotaCap => "quota_cap",
+            ShareReason::BudgetCap => "budget_cap",
+        }
+    }
+}
+
+/// One class's routing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassPlan {
+    pub class: TrafficClass,
+    /// (channel id, weight), channels sorted by id; weights sum to 1 unless
+    /// the class is fully shed (then all are 0).
+    pub weights: Vec<(String, f64)>,
+    /// Share of this class's demand to shed or queue, [0, 1].
+    pub shed: f64,
+    pub demand_rps: f64,
+}
+
+/// One channel's planned load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelPlan {
+    pub id: String,
+    pub state: StateKind,
+    pub score: Option<f64>,
+    pub planned_rps: f64,
+    /// Capacity × headroom (after any quota cap).
+    pub cap_rps: f64,
+    pub reason: ShareReason,
+}
+
+/// A group's complete routing decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub group: String,
+    /// Increases whenever the weights change.
+    pub version: u64,
+    pub computed_at_ms: i64,
+    pub classes: Vec<ClassPlan>,
+    pub channels: Vec<ChannelPlan>,
+    pub projected_spend_per_hour: f64,
+    pub budget_per_hour: Option<f64>,
+    /// True while the group is in manual mode (weights frozen by an operator).
+    pub manual: bool,
+}
+
+impl Plan {
+    pub fn class(&self, class: TrafficClass) -> &ClassPlan {
+        &self.classes[class.index()]
+    }
+    /// Weight of one channel for one class (0 if absent).
+    pub fn weight(&self, class: TrafficClass, channel: &str) -> f64 {
+        self.class(class)
+            .weights
+            .iter()
+            .find(|(id, _)| id == channel)
+            .map_or(0.0, |(_, w)| *w)
+    }
+    /// Same weights and shed shares (within 1e-9).
+    pub fn same_routing(&self, other: &Plan) -> bool {
+        self.classes.len() == other.classes.len()
+            && self.classes.iter().zip(&other.classes).all(|(a, b)| {
+                (a.shed - b.shed).abs() < 1e-9
+                    && a.weights.len() == b.weights.len()
+                    && a.weights
+                        .iter()
+                        .zip(&b.weights)
+                        .all(|(x, y)| x.0 == y.0 && (x.1 - y.1).abs() < 1e-9)
+            })
+    }
+}
+
+const EPS: f64 = 1e-12;
+/// Demand assumed for a class with none observed, so it still gets weights.
+const PHANTOM_RPS: f64 = 1e-6;
+
+/// Per-class fractions of demand on each channel (rows: class, cols: channel).
+type Fractions = [Vec<f64>; 4];
+
+struct Ctx<'a> {
+    ch: Vec<&'a ChannelInput>,
+    cap: Vec<f64>,
+    trust: Vec<f64>,
+    demand: [f64; 4],
+    order_cost: Vec<usize>,
+    classes: &'a ClassPolicies,
+    prio: [TrafficClass; 4],
+}
+
+impl Ctx<'_> {
+    fn tolerant(&self, class: TrafficClass) -> bool {
+        self.classes.get(class).accepts_at_risk
+    }
+    fn score_ok(&self, class: TrafficClass, j: usize) -> bool {
+        self.ch[j]
+            .score
+            .is_none_or(|s| s <= self.classes.get(class).max_score + EPS)
+    }
+    fn is_probation(&self, j: usize) -> bool {
+        matches!(
+            self.ch[j].state,
+            StateKind::Observing | StateKind::Recovering
+        )
+    }
+}
+
+/// Fill `class` onto the channels in `order`, each limited by `room[j]`
+/// (and optionally its trust cap). Returns the demand left over.
+fn fill(
+    rps: &mut [Vec<f64>; 4],
+    room: &mut [f64],
+    class: TrafficClass,
+    mut left: f64,
+    order: &[usize],
+    trust_cap: Option<(&[f64], f64)>,
+) -> f64 {
+    let k = class.index();
+    for &j in order {
+        if left <= EPS {
+            break;
+        }
+        let mut take = left.min(room[j]);
+        if let Some((trust, demand)) = trust_cap {
+            take = take.min((trust[j] * demand - rps[k][j]).max(0.0));
+        }
+        if take > EPS {
+            rps[k][j] += take;
+            room[j] -= take;
+            left -= take;
+        }
+    }
+    left
+}
+
+/// Plans one group. Pure: same input, same plan, whatever the channel order.
+pub fn plan(
+    input: &GroupInput,
+    classes: &ClassPolicies,
+    cfg: &ScheduleConfig,
+    previous: Option<&Plan>,
+    manual: bool,
+) -> Plan {
+    let mut ch: Vec<&ChannelInput> = input.channels.iter().collect();
+    ch.sort_by(|a, b| a.id.cmp(&b.id));
+    let n = ch.len();
+    let total_initial: f64 = ch.iter().map(|c| c.initial_weight.max(0.0)).sum();
+    let trust: Vec<f64> = ch
+        .iter()
+        .map(|c| {
+            if total_initial > 0.0 {
+                c.initial_weight.max(0.0) / total_initial
+            } else {
+                1.0 / n.max(1) as f64
+            }
+        })
+        .collect();
+    let horizon_s = input.horizon_ms as f64 / 1000.0;
+    let mut quota_bound = vec![false; n];
+    let cap: Vec<f64> = ch
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let mut cap = (c.capacity_rps * cfg.capacity_headroom).max(0.0);
+            if let (Some(left_ms), Some(remaining)) = (c.quota_exhausted_in_ms, c.quota_remaining) {
+                if left_ms < input.horizon_ms {
+                    let sustainable = remaining.max(0) as f64 / horizon_s;
+                    if sustainable < cap {
+                        cap = sustainable;
+                        quota_bound[j] = true;
+                    }
+                }
+            }
+            cap
+        })
+        .collect();
+    let mut order_cost: Vec<usize> = (0..n).collect();
+    order_cost.sort_by(|a, b| {
+        ch[*a]
+            .price_per_1k_tokens
+            .total_cmp(&ch[*b].price_per_1k_tokens)
+            .then(ch[*a].id.cmp(&ch[*b].id))
+    });
+    let demand = input
+        .demand_rps
+        .map(|d| if d.is_finite() { d.max(0.0) } else { 0.0 });
+    let known = input.warm && demand.iter().sum::<f64>() > EPS;
+    let ctx = Ctx {
+        ch,
+        cap,
+        trust,
+        demand: demand.map(|d| d.max(PHANTOM_RPS)),
+        order_cost,
+        classes,
+        prio: classes.in_priority_order(),
+    };
+
+    let target = if manual {
+        match previous {
+            Some(p) => {
+                return Plan {
+                    manual: true,
+                    computed_at_ms: input.now_ms,
+                    ..p.clone()
+                }
+            }
+            None => initial_fractions(&ctx),
+        }
+    } else if !known {
+        initial_fractions(&ctx)
+    } else {
+        let mut target = healthy_plan(&ctx, &quota_bound, input.budget_per_hour);
+        // A plan where nothing is eligible for a class leaves it fully shed.
+        normalize_rows(&mut target.0);
+        target
+    };
+
+    // Smoothing against the previous plan.
+    let fractions = match previous.filter(|p| {
+        !manual
+            && p.channels.len() == n
+            && p.channels.iter().zip(&ctx.ch).all(|(a, b)| a.id == b.id)
+    }) {
+        Some(prev) if known => smooth(&ctx, prev, &target, cfg.max_weight_step),
+        _ => target,
+    };
+
+    build_plan(input, &ctx, fractions, previous, manual)
+}
+
+fn normalize_rows(f: &mut Fractions) {
+    for row in f.iter_mut() {
+        for x in row.iter_mut() {
+            if *x < EPS {
+                *x = 0.0;
+            }
+        }
+    }
+}
+
+/// Before anything is known: the trust-tier shares, for every class, over
+/// channels that are not drained.
+fn initial_fractions(ctx: &Ctx<'_>) -> (Fractions, Vec<ShareReason>) {
+    let n = ctx.ch.len();
+    let usable: Vec<f64> = (0..n)
+        .map(|j| {
+            if ctx.ch[j].health_weight > 0.0 {
+                ctx.trust[j] * ctx.ch[j].health_weight.min(1.0)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let total: f64 = usable.iter().sum();
+    let row: Vec<f64> = usable
+        .iter()
+        .map(|u| if total > 0.0 { u / total } else { 0.0 })
+        .collect();
+    let reasons = (0..n)
+        .map(|j| match ctx.ch[j].state {
+            _ if ctx.ch[j].pinned => ShareReason::Pinned,
+            StateKind::Drained => ShareReason::Drained,
+            _ => ShareReason::InitialShare,
+        })
+        .collect();
+    ([row.clone(), row.clone(), row.clone(), row], reasons)
+}
+
+/// Steps 2–5 of the module doc. Returns fractions of each class's demand.
+fn healthy_plan(
+    ctx: &Ctx<'_>,
+    quota_bound: &[bool],
+    budget: Option<f64>,
+) -> (Fractions, Vec<ShareReason>) {
+    let n = ctx.ch.len();
+    let zero = || [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+
+    // 2. Nominal: everything healthy, trust caps then capacity, cheapest first.
+    let mut nominal_rps = zero();
+    let mut room = ctx.cap.clone();
+    for class in ctx.prio {
+        let d = ctx.demand[class.index()];
+        let left = fill(
+            &mut nominal_rps,
+            &mut room,
+            class,
+            d,
+            &ctx.order_cost,
+            Some((&ctx.trust, d)),
+        );
+        fill(
+            &mut nominal_rps,
+            &mut room,
+            class,
+            left,
+            &ctx.order_cost,
+            None,
+        );
+    }
+    let nominal: Vec<f64> = (0..n)
+        .map(|j| (0..4).map(|k| nominal_rps[k][j]).sum())
+        .collect();
+
+    // 3. Degraded channels' allowances, lowest-priority tolerant classes first.
+    let mut rps = zero();
+    let mut left = ctx.demand;
+    let mut room = vec![0.0; n];
+    let mut reasons = vec![ShareReason::Healthy; n];
+    for j in 0..n {
+        let c = ctx.ch[j];
+        let healthy = c.state == StateKind::Healthy && !c.pinned;
+        room[j] = if healthy { ctx.cap[j] } else { 0.0 };
+        reasons[j] = match c.state {
+            _ if c.pinned => ShareReason::Pinned,
+            StateKind::Healthy => ShareReason::Healthy,
+            StateKind::AtRisk => ShareReason::AtRisk,
+            StateKind::Drained => ShareReason::Drained,
+            StateKind::Observing => ShareReason::Observing,
+            StateKind::Recovering => ShareReason::Recovering,
+        };
+    }
+    let mut low_first = ctx.prio;
+    low_first.reverse();
+    for j in 0..n {
+        let c = ctx.ch[j];
+        if (c.state == StateKind::Healthy && !c.pinned) || c.health_weight <= 0.0 {
+            continue;
+        }
+        // Probation channels need traffic to prove themselves: if no
+        // tolerant class has demand, any class may carry the small share.
+        let mut allowance =
+            (c.health_weight.min(1.0) * nominal[j].max(ctx.cap[j] * 0.01)).min(ctx.cap[j]);
+        let tolerant_first = low_first.iter().filter(|k| ctx.tolerant(**k));
+        let others = low_first
+            .iter()
+            .filter(|k| !ctx.tolerant(**k) && (c.pinned || ctx.is_probation(j)));
+        for class in tolerant_first.chain(others) {
+            if !ctx.score_ok(*class, j) && !ctx.is_probation(j) && !c.pinned {
+                continue;
+            }
+            let k = class.index();
+            let take = left[k].min(allowance);
+            if take > EPS {
+                rps[k][j] += take;
+                left[k] -= take;
+                allowance -= take;
+            }
+        }
+    }
+
+    // 4. Healthy fill in priority order.
+    for class in ctx.prio {
+        let k = class.index();
+        let eligible: Vec<usize> = ctx
+            .order_cost
+            .iter()
+            .copied()
+            .filter(|j| room[*j] > 0.0 && ctx.score_ok(class, *j))
+            .collect();
+        let d = ctx.demand[k];
+        left[k] = fill(
+            &mut rps,
+            &mut room,
+            class,
+            left[k],
+            &eligible,
+            Some((&ctx.trust, d)),
+        );
+        left[k] = fill(&mut rps, &mut room, class, left[k], &eligible, None);
+    }
+    // Overflow of tolerant classes onto AT_RISK capacity (not pinned).
+    for class in ctx.prio {
+        let k = class.index();
+        if left[k] <= EPS || !ctx.tolerant(class) {
+            continue;
+        }
+        for &j in &ctx.order_cost {
+            let c = ctx.ch[j];
+            if c.state != StateKind::AtRisk || c.pinned || !ctx.score_ok(class, j) {
+                continue;
+            }
+            let used: f64 = (0..4).map(|kk| rps[kk][j]).sum();
+            let take = left[k].min((ctx.cap[j] - used).max(0.0));
+            if take > EPS {
+                rps[k][j] += take;
+                left[k] -= take;
+            }
+        }
+    }
+
+    // 5. Budget: lowest-priority classes off the most expensive channels.
+    if let Some(budget) = budget {
+        let spend = |rps: &[Vec<f64>; 4]| -> f64 {
+            (0..n)
+                .map(|j| {
+                    let load: f64 = (0..4).map(|k| rps[k][j]).sum();
+                    spend_per_hour(ctx.ch[j], load)
+                })
+                .sum()
+        };
+        let mut by_price_desc = ctx.order_cost.clone();
+        by_price_desc.reverse();
+        'classes: for class in low_first {
+            let k = class.index();
+            for &j in &by_price_desc {
+                let over = spend(&rps) - budget;
+                if over <= 1e-9 {
+                    break 'classes;
+                }
+                if rps[k][j] <= EPS || ctx.ch[j].price_per_1k_tokens <= 0.0 {
+                    continue;
+                }
+                let per_rps = spend_per_hour(ctx.ch[j], 1.0);
+                let cut = rps[k][j].min(over / per_rps);
+                rps[k][j] -= cut;
+                reasons[j] = ShareReason::BudgetCap;
+                // Move to strictly cheaper healthy headroom, else shed.
+                let mut moving = cut;
+                for &i in &ctx.order_cost {
+                    if moving <= EPS
+                        || ctx.ch[i].price_per_1k_tokens >= ctx.ch[j].price_per_1k_tokens
+                    {
+                        break;
+                    }
+                    if room[i] <= EPS || !ctx.score_ok(class, i) {
+                        continue;
+                    }
+                    let take = moving.min(room[i]);
+                    rps[k][i] += take;
+                    room[i] -= take;
+                    moving -= take;
+                }
+            }
+        }
+    }
+
+    for j in 0..n {
+        let load: f64 = (0..4).map(|k| rps[k][j]).sum();
+        if reasons[j] == ShareReason::Healthy {
+            if quota_bound[j] && load >= ctx.cap[j] - 1e-9 {
+                reasons[j] = ShareReason::QuotaCap;
+            } else if load >= ctx.cap[j] - 1e-9 && ctx.cap[j] > 0.0 {
+                reasons[j] = ShareReason::CapacityCap;
+            } else if (0..4)
+                .any(|k| rps[k][j] >= ctx.trust[j] * ctx.demand[k] - 1e-9 && rps[k][j] > EPS)
+            {
+                reasons[j] = ShareReason::TrustCap;
+            }
+        }
+    }
+    let fractions = [0, 1, 2, 3].map(|k| (0..n).map(|j| rps[k][j] / ctx.demand[k]).collect());
+    (fractions, reasons)
+}
+
+fn spend_per_hour(c: &ChannelInput, rps: f64) -> f64 {
+    let tokens = c.tokens_per_request.unwrap_or(1000.0);
+    rps * 3600.0 * tokens / 1000.0 * c.price_per_1k_tokens
+}
+
+/// Whether `class` may use channel `j` at all in this health picture.
+fn eligible(ctx: &Ctx<'_>, class: TrafficClass, j: usize) -> bool {
+    let c = ctx.ch[j];
+    if c.health_weight <= 0.0 {
+        return false;
+    }
+    if c.pinned || ctx.is_probation(j) {
+        return true;
+    }
+    match c.state {
+        StateKind::Healthy => ctx.score_ok(class, j),
+        StateKind::AtRisk => ctx.tolerant(class) && ctx.score_ok(class, j),
+        _ => false,
+    }
+}
+
+/// Step 6: move toward the target by at most `step` on any (class, channel)
+/// fraction. One step size for every class keeps the result a convex mix of
+/// two capacity-feasible plans, hence feasible. A drain (a class's channel
+/// became ineligible) jumps straight to the target, and so does a mix that
+/// would overload a channel under today's demand.
+fn smooth(
+    ctx: &Ctx<'_>,
+    prev: &Plan,
+    target: &(Fractions, Vec<ShareReason>),
+    step: f64,
+) -> (Fractions, Vec<ShareReason>) {
+    let n = ctx.ch.len();
+    let prev_f: [Vec<f64>; 4] = [0, 1, 2, 3].map(|k| {
+        let p = &prev.classes[k];
+        p.weights.iter().map(|(_, w)| w * (1.0 - p.shed)).collect()
+    });
+    let drained = TrafficClass::ALL
+        .iter()
+        .any(|c| (0..n).any(|j| prev_f[c.index()][j] > EPS && !eligible(ctx, *c, j)));
+    if drained {
+        return target.clone();
+    }
+    let max_move = (0..4)
+        .flat_map(|k| (0..n).map(move |j| (k, j)))
+        .map(|(k, j)| (target.0[k][j] - prev_f[k][j]).abs())
+        .fold(0.0, f64::max);
+    if max_move <= step {
+        return target.clone();
+    }
+    let a = step / max_move;
+    let mixed: Fractions = [0, 1, 2, 3].map(|k| {
+        (0..n)
+            .map(|j| prev_f[k][j] + a * (target.0[k][j] - prev_f[k][j]))
+            .collect()
+    });
+    let overloads = (0..n).any(|j| {
+        let load: f64 = (0..4).map(|k| mixed[k][j] * ctx.demand[k]).sum();
+        load > ctx.cap[j] + 1e-9
+    });
+    if overloads {
+        return target.clone();
+    }
+    (mixed, target.1.clone())
+}
+
+fn build_plan(
+    input: &GroupInput,
+    ctx: &Ctx<'_>,
+    (fractions, reasons): (Fractions, Vec<ShareReason>),
+    previous: Option<&Plan>,
+    manual: bool,
+) -> Plan {
+    let n = ctx.ch.len();
+    let real_demand = input
+        .demand_rps
+        .map(|d| if d.is_finite() { d.max(0.0) } else { 0.0 });
+    let mut classes = Vec::with_capacity(4);
+    let mut planned = vec![0.0; n];
+    for &class in TrafficClass::ALL {
+        let k = class.index();
+        let served: f64 = fractions[k].iter().sum();
+        let shed = (1.0 - served).clamp(0.0, 1.0);
+        let weights: Vec<(String, f64)> = (0..n)
+            .map(|j| {
+                let w = if served > EPS {
+                    fractions[k][j] / served
+                } else {
+                    0.0
+                };
+                (ctx.ch[j].id.clone(), w)
+            })
+            .collect();
+        for j in 0..n {
+            planned[j] += fractions[k][j] * real_demand[k];
+        }
+        classes.push(ClassPlan {
+            class,
+            weights,
+            shed: if shed < 1e-9 { 0.0 } else { shed },
+            demand_rps: real_demand[k],
+        });
+    }
+    let channels: Vec<ChannelPlan> = (0..n)
+        .map(|j| ChannelPlan {
+            id: ctx.ch[j].id.clone(),
+            state: ctx.ch[j].state,
+            score: ctx.ch[j].score,
+            planned_rps: planned[j],
+            cap_rps: ctx.cap[j],
+            reason: reasons[j],
+        })
+        .collect();
+    let projected = (0..n).map(|j| spend_per_hour(ctx.ch[j], planned[j])).sum();
+    let mut plan = Plan {
+        group: input.group.clone(),
+        version: 1,
+        computed_at_ms: input.now_ms,
+        classes,
+        channels,
+        projected_spend_per_hour: projected,
+        budget_per_hour: input.budget_per_hour,
+        manual,
+    };
+    if let Some(prev) = previous {
+        plan.version = if plan.same_routing(prev) {
+            prev.version
+        } else {
+            prev.version + 1
+        };
+    }
+    plan
+}
+
+/// Plans every group of a config tick after tick, remembering the previous
+/// plan (smoothing, versions) and which groups are in manual mode.
+pub struct Scheduler {
+    cfg: std::sync::Arc<crate::config::Config>,
+    plans: Vec<Option<Plan>>,
+    manual: Vec<bool>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: std::sync::Arc<crate::config::Config>) -> Scheduler {
+        let n = cfg.groups.len();
+        Scheduler {
+            cfg,
+            plans: vec![None; n],
+            manual: vec![false; n],
+        }
+    }
+
+    /// Puts a group in (or out of) manual mode: its weights freeze. Returns
+    /// false for an unknown group.
+    pub fn set_manual(&mut self, group: &str, on: bool) -> bool {
+        match self.cfg.groups.iter().position(|g| g.id == group) {
+            Some(i) => {
+                self.manual[i] = on;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The current plan of a group, if one was made.
+    pub fn plan(&self, group: &str) -> Option<&Plan> {
+        let i = self.cfg.groups.iter().position(|g| g.id == group)?;
+        self.plans[i].as_ref()
+    }
+
+    /// Re-plans group `gi` from its channels' health. `health` must hold
+    /// every channel of the group (channels missing from it are treated as
+    /// drained: no evidence, no traffic). Returns the plan and whether its
+    /// routing changed.
+    pub fn plan_group(
+        &mut self,
+        gi: usize,
+        now_ms: i64,
+        health: &[crate::pipeline::ChannelHealth],
+        warm: bool,
+    ) -> (&Plan, bool) {
+        let g = &self.cfg.groups[gi];
+        let prev = self.plans[gi].as_ref();
+        let mut demand = [0.0; 4];
+        let mut channels = Vec::with_capacity(g.channels.len());
+        for c in &g.channels {
+            let h = health.iter().find(|h| h.id == c.id);
+            if let Some(h) = h {
+                for (d, x) in demand.iter_mut().zip(h.demand_rps) {
+                    *d += x;
+                }
+            }
+            channels.push(ChannelInput {
+                id: c.id.clone(),
+                state: h.map_or(StateKind::Drained, |h| h.state),
+                health_weight: h.map_or(0.0, |h| h.weight),
+                pinned: h.is_some_and(|h| h.pinned),
+                score: h.and_then(|h| h.score),
+                price_per_1k_tokens: c.price_per_1k_tokens,
+                capacity_rps: c.capacity_rps,
+                initial_weight: c.initial_weight,
+                quota_remaining: h.and_then(|h| h.quota_remaining),
+                quota_exhausted_in_ms: h.and_then(|h| h.quota_exhausted_in_ms),
+                tokens_per_request: h.and_then(|h| h.tokens_per_request),
+            });
+        }
+        // Shed requests never reach a channel, so observed demand is only
+        // what was served: scale it back up by the share shed last time, or
+        // a shed would look like falling demand and undo itself.
+        if let Some(p) = prev {
+            for (k, d) in demand.iter_mut().enumerate() {
+                *d /= (1.0 - p.classes[k].shed).max(0.05);
+            }
+        }
+        let input = GroupInput {
+            group: g.id.clone(),
+            now_ms,
+            channels,
+            demand_rps: demand,
+            budget_per_hour: g.budget_per_hour,
+            horizon_ms: self.cfg.engine.quota_horizon_ms,
+            warm,
+        };
+        let next = plan(
+            &input,
+            &self.cfg.classes,
+            &self.cfg.schedule,
+            prev,
+            self.manual[gi],
+        );
+        let changed = prev.is_none_or(|p| p.version != next.version);
+        self.plans[gi] = Some(next);
+        (self.plans[gi].as_ref().expect("just set"), changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClassPolicies;
+    use proptest::prelude::*;
+    use TrafficClass::*;
+
+    fn ch(id: &str, price: f64, cap: f64, initial: f64) -> ChannelInput {
+        ChannelInput {
+            id: id.into(),
+            state: StateKind::Healthy,
+            health_weight: 1.0,
+            pinned: false,
+            score: Some(0.05),
+            price_per_1k_tokens: price,
+            capacity_rps: cap,
+            initial_weight: initial,
+            quota_remaining: None,
+            quota_exhausted_in_ms: None,
+            tokens_per_request: Some(1000.0),
+        }
+    }
+
+    fn group(channels: Vec<ChannelInput>, demand: [f64; 4]) -> GroupInput {
+        GroupInput {
+            group: "chat".into(),
+            now_ms: 1_000,
+            channels,
+            demand_rps: demand,
+            budget_per_hour: None,
+            horizon_ms: 3_600_000,
+            warm: true,
+        }
+    }
+
+    fn run(g: &GroupInput) -> Plan {
+        plan(
+            g,
+            &ClassPolicies::default(),
+            &ScheduleConfig::default(),
+            None,
+            false,
+        )
+    }
+
+    fn set_state(g: &mut GroupInput, id: &str, state: StateKind, weight: f64, score: f64) {
+        let c = g.channels.iter_mut().find(|c| c.id == id).unwrap();
+        c.state = state;
+        c.health_weight = weight;
+        c.score = Some(score);
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    /// free (cap 100 → 80 planned), paid (cap 100 → 80): 30/70 trust.
+    fn two() -> GroupInput {
+        group(
+            vec![ch("free", 0.0, 100.0, 0.3), ch("paid", 1.0, 100.0, 0.7)],
+            [10.0, 10.0, 20.0, 5.0],
+        )
+    }
+
+    #[test]
+    fn all_healthy_follows_trust_shares() {
+        let p = run(&two());
+        for &c in TrafficClass::ALL {
+            assert!(
+                close(p.weight(c, "free"), 0.3),
+                "{c}: {}",
+                p.weight(c, "free")
+            );
+            assert!(close(p.weight(c, "paid"), 0.7));
+            assert_eq!(p.class(c).shed, 0.0);
+        }
+        assert_eq!(p.channels[0].reason, ShareReason::TrustCap);
+    }
+
+    #[test]
+    fn nothing_known_gives_initial_shares() {
+        let mut g = two();
+        g.warm = false;
+        let p = run(&g);
+        assert!(close(p.weight(Interactive, "free"), 0.3));
+        assert_eq!(p.channels[1].reason, ShareReason::InitialShare);
+    }
+
+    #[test]
+    fn free_at_risk_batch_stays_interactive_moves() {
+        let mut g = two();
+        set_state(&mut g, "free", StateKind::AtRisk, 0.3, 0.5);
+        let p = run(&g);
+        assert_eq!(p.weight(Interactive, "free"), 0.0);
+        assert_eq!(p.weight(Core, "free"), 0.0);
+        assert!(p.weight(Batch, "free") > 0.0 || p.weight(Experimental, "free") > 0.0);
+        // Free carried 0.3 × 45 = 13.5 rps nominally; now 30 % of that.
+        assert!(
+            close(p.channels[0].planned_rps, 0.3 * 13.5),
+            "{}",
+            p.channels[0].planned_rps
+        );
+        // Experimental (lowest priority, 5 rps) takes that 4.05 rps first.
+        assert!(close(p.weight(Experimental, "free"), 4.05 / 5.0));
+        assert_eq!(p.weight(Batch, "free"), 0.0);
+        assert_eq!(p.channels[0].reason, ShareReason::AtRisk);
+    }
+
+    #[test]
+    fn free_drained_with_ample_paid_capacity() {
+        let mut g = two();
+        set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
+        let p = run(&g);
+        for &c in TrafficClass::ALL {
+            assert_eq!(p.weight(c, "free"), 0.0);
+            assert!(close(p.weight(c, "paid"), 1.0));
+            assert_eq!(p.class(c).shed, 0.0);
+        }
+        assert_eq!(p.channels[0].reason, ShareReason::Drained);
+    }
+
+    #[test]
+    fn free_drained_paid_absorbs_only_what_fits_highest_priority_first() {
+        // Free carries 100 rps; paid has room for only 40 % of it.
+        let mut g = group(
+            vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 50.0, 0.1)],
+            [20.0, 30.0, 40.0, 20.0],
+        );
+        set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
+        let p = run(&g);
+        let paid = &p.channels[1];
+        assert!(
+            paid.planned_rps <= paid.cap_rps + 1e-9,
+            "never over capacity × headroom"
+        );
+        assert!(close(paid.planned_rps, 40.0));
+        assert_eq!(p.class(Interactive).shed, 0.0);
+        assert!(close(p.class(Core).shed, 1.0 - 20.0 / 30.0));
+        assert!(close(p.class(Batch).shed, 1.0));
+        assert!(close(p.class(Experimental).shed, 1.0));
+        assert_eq!(paid.reason, ShareReason::CapacityCap);
+    }
+
+    #[test]
+    fn at_risk_capacity_takes_tolerant_overflow_before_shedding() {
+        let mut g = group(
+            vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 50.0, 0.1)],
+            [20.0, 30.0, 40.0, 20.0],
+        );
+        set_state(&mut g, "free", StateKind::AtRisk, 0.3, 0.5);
+        let p = run(&g);
+        // Interactive and core fit on paid (40) except 10 core rps, shed.
+        assert_eq!(p.weight(Interactive, "free"), 0.0);
+        assert!(close(p.class(Core).shed, 10.0 / 30.0));
+        // Batch and experimental stay on the degraded free channel, unshed.
+        assert_eq!(p.class(Batch).shed, 0.0);
+        assert_eq!(p.class(Experimental).shed, 0.0);
+        assert!(p.channels[0].planned_rps <= p.channels[0].cap_rps + 1e-9);
+    }
+
+    #[test]
+    fn budget_binding_moves_low_priority_off_paid() {
+        let mut g = two();
+        // Paid at trust share: 0.7 × 45 = 31.5 rps × 3600 × 1 = 113 400/h.
+        g.budget_per_hour = Some(60_000.0);
+        let p = run(&g);
+        assert!(
+            p.projected_spend_per_hour <= 60_000.0 + 1e-6,
+            "{}",
+            p.projected_spend_per_hour
+        );
+        // Experimental and batch moved to free (beyond its trust cap).
+        assert!(close(p.weight(Experimental, "free"), 1.0));
+        assert!(p.weight(Batch, "free") > 0.3);
+        // Interactive untouched.
+        assert!(close(p.weight(Interactive, "free"), 0.3));
+        assert_eq!(p.channels[1].reason, ShareReason::BudgetCap);
+    }
+
+    #[test]
+    fn budget_sheds_when_nothing_cheaper_has_room() {
+        let mut g = group(vec![ch("paid", 1.0, 100.0, 1.0)], [10.0, 10.0, 10.0, 10.0]);
+        g.budget_per_hour = Some(3600.0 * 25.0);
+        let p = run(&g);
+        assert!(p.projected_spend_per_hour <= 3600.0 * 25.0 + 1e-6);
+        assert!(close(p.class(Experimental).shed, 1.0));
+        assert!(close(p.class(Batch).shed, 0.5));
+        assert_eq!(p.class(Core).shed, 0.0);
+    }
+
+    #[test]
+    fn quota_running_out_is_planned_down() {
+        let mut g = two();
+        let free = &mut g.channels[0];
+        free.quota_remaining = Some(3_600 * 5); // 5 rps sustainable over the hour
+        free.quota_exhausted_in_ms = Some(1_200_000);
+        let p = run(&g);
+        assert!(
+            close(p.channels[0].planned_rps, 5.0),
+            "{}",
+            p.channels[0].planned_rps
+        );
+        assert_eq!(p.channels[0].reason, ShareReason::QuotaCap);
+        assert!(p.class(Interactive).shed == 0.0);
+    }
+
+    #[test]
+    fn pins_are_obeyed() {
+        let mut g = two();
+        let free = &mut g.channels[0];
+        free.pinned = true;
+        free.health_weight = 0.0;
+        let p = run(&g);
+        assert_eq!(p.weight(Interactive, "free"), 0.0);
+        assert_eq!(p.channels[0].reason, ShareReason::Pinned);
+    }
+
+    #[test]
+    fn recovering_share_goes_to_lowest_priority_first() {
+        let mut g = two();
+        set_state(&mut g, "free", StateKind::Recovering, 0.2, 0.1);
+        let p = run(&g);
+        // 0.2 × 13.5 = 2.7 rps, all experimental (5 rps demand).
+        assert!(close(p.channels[0].planned_rps, 2.7));
+        assert!(close(p.weight(Experimental, "free"), 2.7 / 5.0));
+        assert_eq!(p.weight(Interactive, "free"), 0.0);
+    }
+
+    #[test]
+    fn smoothing_limits_steps_except_drains() {
+        let g = two();
+        let cfg = ScheduleConfig::default();
+        let classes = ClassPolicies::default();
+        let p0 = plan(&g, &classes, &cfg, None, false);
+        // Budget forces experimental fully onto free: a big move, smoothed.
+        let mut g1 = g.clone();
+        g1.budget_per_hour = Some(60_000.0);
+        let p1 = plan(&g1, &classes, &cfg, Some(&p0), false);
+        let d = p1.weight(Experimental, "free") - p0.weight(Experimental, "free");
+        assert!(close(d, cfg.max_weight_step), "{d}");
+        assert_eq!(p1.version, p0.version + 1);
+        // A drain is immediate.
+        let mut g2 = g.clone();
+        set_state(&mut g2, "free", StateKind::Drained, 0.0, 0.9);
+        let p2 = plan(&g2, &classes, &cfg, Some(&p0), false);
+        assert_eq!(p2.weight(Interactive, "free"), 0.0);
+        // Same inputs again: same version.
+        let p3 = plan(&g2, &classes, &cfg, Some(&p2), false);
+        assert_eq!(p3.version, p2.version);
+    }
+
+    #[test]
+    fn manual_mode_freezes_the_plan() {
+        let g = two();
+        let p0 = run(&g);
+        let mut g1 = g.clone();
+        set_state(&mut g1, "free", StateKind::Drained, 0.0, 0.9);
+        let p1 = plan(
+            &g1,
+            &ClassPolicies::default(),
+            &ScheduleConfig::default(),
+            Some(&p0),
+            true,
+        );
+        assert!(p1.manual);
+        assert!(p1.same_routing(&p0));
+    }
+
+    #[test]
+    fn shuffled_inputs_give_the_same_plan() {
+        let mut g = group(
+            vec![
+                ch("c", 0.5, 30.0, 0.7),
+                ch("a", 0.0, 20.0, 0.3),
+                ch("b", 2.0, 50.0, 0.7),
+            ],
+            [5.0, 10.0, 30.0, 3.0],
+        );
+        set_state(&mut g, "a", StateKind::AtRisk, 0.3, 0.5);
+        let p = run(&g);
+        g.channels.reverse();
+        assert_eq!(run(&g), p);
+        g.channels.swap(0, 1);
+        assert_eq!(run(&g), p);
+    }
+
+    fn arb_group() -> impl Strategy<Value = GroupInput> {
+        let chan = (
+            0.0f64..3.0,
+            1.0f64..200.0,
+            0.05f64..1.0,
+            0usize..5,
+            0.0f64..1.0,
+        );
+        (
+            proptest::collection::vec(chan, 1..8),
+            proptest::array::uniform4(0.0f64..150.0),
+            proptest::option::of(0.0f64..500_000.0),
+        )
+            .prop_map(|(chans, demand, budget)| {
+                let states = [
+                    StateKind::Healthy,
+                    StateKind::AtRisk,
+                    StateKind::Drained,
+                    StateKind::Observing,
+                    StateKind::Recovering,
+                ];
+                let channels = chans
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (price, cap, init, st, w))| {
+                        let state = states[st];
+                        let health_weight = match state {
+                            StateKind::Healthy => 1.0,
+                            StateKind::AtRisk => 0.3,
+                            StateKind::Drained => 0.0,
+                            StateKind::Observing => 0.05,
+                            StateKind::Recovering => w,
+                        };
+                        ChannelInput {
+                            state,
+                            health_weight,
+                            score: Some(if state == StateKind::Healthy {
+                                0.1
+                            } else {
+                                0.5
+                            }),
+                            ..ch(&format!("ch{i}"), price, cap, init)
+                        }
+                    })
+                    .collect();
+                let mut g = group(channels, demand);
+                g.budget_per_hour = budget;
+                g
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn plans_are_well_formed(g in arb_group()) {
+            let cfg = ScheduleConfig::default();
+            let p = run(&g);
+            for c in &p.classes {
+                let sum: f64 = c.weights.iter().map(|(_, w)| *w).sum();
+                prop_assert!(c.weights.iter().all(|(_, w)| *w >= 0.0));
+                prop_assert!((0.0..=1.0).contains(&c.shed));
+                prop_assert!(close(sum, 1.0) || (sum == 0.0 && close(c.shed, 1.0)), "sum {} shed {}", sum, c.shed);
+            }
+            for (c, input) in p.channels.iter().zip({ let mut v = g.channels.clone(); v.sort_by(|a, b| a.id.cmp(&b.id)); v }) {
+                prop_assert!(c.planned_rps <= input.capacity_rps * cfg.capacity_headroom + 1e-6,
+                    "{} planned {} cap {}", c.id, c.planned_rps, input.capacity_rps);
+                if input.state == StateKind::Drained {
+                    prop_assert!(c.planned_rps == 0.0);
+                }
+            }
+            let mut shuffled = g.clone();
+            shuffled.channels.reverse();
+            prop_assert_eq!(run(&shuffled), p);
+        }
+
+        #[test]
+        fn smoothing_never_overloads(g in arb_group(), h in arb_group()) {
+            // Previous plan from one health picture, next from another over the
+            // same channels: the smoothed plan still respects capacity.
+            let mut h = h;
+            h.channels = g.channels.iter().zip(h.channels.iter().cycle()).map(|(a, b)| ChannelInput {
+                state: b.state, health_weight: b.health_weight, score: b.score, ..a.clone()
+            }).collect();
+            h.demand_rps = g.demand_rps;
+            let cfg = ScheduleConfig::default();
+            let classes = ClassPolicies::default();
+            let p0 = plan(&g, &classes, &cfg, None, false);
+            let p1 = plan(&h, &classes, &cfg, Some(&p0), false);
+            for c in &p1.channels {
+                let cap = h.channels.iter().find(|x| x.id == c.id).unwrap().capacity_rps * cfg.capacity_headroom;
+                prop_assert!(c.planned_rps <= cap + 1e-6, "{} {} {}", c.id, c.planned_rps, cap);
+            }
+        }
+    }
+}
