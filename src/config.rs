@@ -109,6 +109,12 @@ pub struct EngineConfig {
     pub baseline_windows: u32,
     /// The relative signals do not vote until this many baseline points exist.
     pub baseline_min_windows: u32,
+    /// Tail quantiles (P99) are never decided by fewer than this many
+    /// requests: over n samples the quantile read is min(0.99, 1 − tail/n).
+    /// Three 10 s timeouts in a quiet minute (289 requests) were the P99 and
+    /// drained a healthy channel in the 24 h drill. On probation the plain
+    /// P99 is used: there a few outliers must count against letting it back.
+    pub quantile_min_tail: u32,
     /// A channel with no events for this long while its partition advances is
     /// reported silent. Seed 004 wants gaps noticed within a minute.
     pub silent_after_ms: i64,
@@ -131,6 +137,7 @@ impl Default for EngineConfig {
             slow_request_ms: 5_000,
             baseline_windows: 30,
             baseline_min_windows: 5,
+            quantile_min_tail: 5,
             silent_after_ms: 60_000,
             quota_horizon_ms: 3_600_000,
         }
@@ -258,10 +265,13 @@ pub struct SignalPolicies {
     /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
     pub error_rate: SignalPolicy,
     /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
-    /// long requests only, invisible in the channel-wide rate).
+    /// long requests only, invisible in the channel-wide rate). Weighted so
+    /// that alone, at its degraded bound, it reaches AT_RISK.
     pub long_error_rate: SignalPolicy,
     /// Hard failures among the last `engine.outcome_window` outcomes, however
-    /// far apart in time (seed 002's sparse failures).
+    /// far apart in time (seed 002's sparse failures). With the error rate it
+    /// lets sustained hard failures drain a channel without help from
+    /// latency: the SPEC's error weight (0.20) alone never could.
     pub recent_failure_rate: SignalPolicy,
     /// Share of 429 responses.
     pub rate_limited_rate: SignalPolicy,
@@ -295,9 +305,9 @@ impl Default for SignalPolicies {
             ttfb_p99_ms: sig(0.10, 1_500.0, 5_000.0, 50),
             slow_ratio: sig(0.10, 0.05, 0.25, 20),
             error_rate: sig(0.20, 0.01, 0.05, 20),
-            long_error_rate: sig(0.30, 0.05, 0.25, 20),
-            recent_failure_rate: sig(0.25, 0.03, 0.15, 20),
-            rate_limited_rate: sig(0.20, 0.02, 0.10, 20),
+            long_error_rate: sig(0.45, 0.05, 0.25, 20),
+            recent_failure_rate: sig(0.45, 0.03, 0.15, 20),
+            rate_limited_rate: sig(0.30, 0.02, 0.10, 20),
             retry_rate: sig(0.20, 0.02, 0.10, 20),
             truncation_rate: sig(0.20, 0.05, 0.40, 20),
             schema_invalid_rate: sig(0.15, 0.01, 0.10, 10),
@@ -365,6 +375,9 @@ pub struct StatePolicy {
     /// SPEC §5 / seed 000: two consecutive windows.
     pub drain_confirmations: u32,
     /// Consecutive evaluations below `at_risk_exit` before AT_RISK → HEALTHY.
+    /// A full short window (12 × 5 s): a channel at 30 % weight sees few
+    /// requests, and a periodic fault (seed 004: a pulse every 40 s) must not
+    /// slip out between two pulses and flap back in.
     pub healthy_confirmations: u32,
     /// Consecutive hard failures that drain immediately (fast path). SPEC §5:
     /// 3–5, lower for free channels.
@@ -383,6 +396,18 @@ pub struct StatePolicy {
     pub half_open_share: f64,
     /// Consecutive passing evaluations in OBSERVING before RECOVERING.
     pub observe_passes: u32,
+    /// While OBSERVING, a signal votes once it has this many samples even if
+    /// its own `min_samples` is higher: there the risk is calling a sick
+    /// channel healthy, not the reverse. An OBSERVING evaluation only counts
+    /// as a pass when at least this many
+    /// real attempts (probes too when `half_open_share` is 0) arrived since
+    /// the channel was let back in, enough for the latency signals to vote:
+    /// with a 5 % share few signals have enough samples to vote, and a score
+    /// summed over too few voters reads healthier than the channel is. 200
+    /// samples see a fault that hits 2.5 % of requests (seed 004's 1 s pulse
+    /// every 40 s) with 99.4 % probability; 100 miss it one time in 13, and
+    /// a long fault gets many probations, so luck would let it back in.
+    pub probation_min_samples: u32,
     /// An OBSERVING evaluation passes below this score (SPEC §5: 0.4).
     pub observe_pass_score: f64,
     /// In OBSERVING or RECOVERING, an evaluation at or above this score is a
@@ -406,7 +431,7 @@ impl Default for StatePolicy {
             at_risk_weight: 0.3,
             at_risk_confirmations: 3,
             drain_confirmations: 2,
-            healthy_confirmations: 3,
+            healthy_confirmations: 12,
             consecutive_failures: 5,
             cooldown_ms: 120_000,
             cooldown_growth: 2.0,
@@ -414,6 +439,7 @@ impl Default for StatePolicy {
             penalty_half_life_ms: 1_800_000,
             half_open_share: 0.05,
             observe_passes: 3,
+            probation_min_samples: 200,
             observe_pass_score: 0.40,
             relapse_score: 0.45,
             recovery_steps: vec![
@@ -509,6 +535,7 @@ impl HealthPolicy {
             ("healthy_confirmations", st.healthy_confirmations),
             ("consecutive_failures", st.consecutive_failures),
             ("observe_passes", st.observe_passes),
+            ("probation_min_samples", st.probation_min_samples),
             ("oscillation_max_changes", st.oscillation_max_changes),
         ] {
             if x == 0 {

@@ -26,6 +26,10 @@
 //! - `schedule`: the cost-aware graded scheduler: per route group and
 //!   traffic class, weights over channels, shed shares, projected spend.
 //!
+//! - `replay`: recorded events through another config (what-if).
+//! - `sim`: the closed-loop fault simulator and drill report; it drives the
+//!   same `pipeline::Pipeline` the service runs.
+//!
 //! The **shell** (`main.rs`) translates between the world and engine calls.
 
 pub mod alert;
@@ -33,8 +37,10 @@ pub mod codec;
 pub mod config;
 pub mod event;
 pub mod pipeline;
+pub mod replay;
 pub mod schedule;
 pub mod score;
 pub mod signals;
+pub mod sim;
 pub mod state;
 pub mod window;

@@ -1,10 +1,12 @@
 //! The `hermes` command line: the imperative shell around the engine.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use hermes::config::Config;
-use std::path::PathBuf;
+use hermes::sim::scenario::Scenario;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -24,9 +26,50 @@ enum Command {
         /// The TOML config file.
         file: PathBuf,
     },
+    /// Replay a fault scenario on a simulated clock through the engine and
+    /// scheduler, closed loop, and report time to detect / drain / recover,
+    /// flaps, false drains, harm and cost.
+    Simulate {
+        /// The scenario file (see scenarios/).
+        scenario: PathBuf,
+        /// Use this config's thresholds (its `groups` are replaced by the
+        /// scenario's channels) instead of the scenario's `[config]`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// RNG seed (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Write a self-contained HTML timeline of weight, state and score.
+        #[arg(long)]
+        timeline: Option<PathBuf>,
+        /// Record every request event of the Hermes run (Avro container file).
+        #[arg(long)]
+        record: Option<PathBuf>,
+        /// Write the effective Hermes config (for `hermes replay`).
+        #[arg(long)]
+        write_config: Option<PathBuf>,
+        /// Write every alert of the Hermes run as JSON lines.
+        #[arg(long)]
+        alerts: Option<PathBuf>,
+    },
+    /// Run recorded request events (Avro container file) through a config and
+    /// report the decisions it would have made.
+    Replay {
+        /// Events written by `hermes simulate --record` (or any Avro container
+        /// file of request events).
+        events: PathBuf,
+        /// The config to try.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-fn check_config(file: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn check_config(file: &Path) -> anyhow::Result<ExitCode> {
     match Config::from_file(file) {
         Ok(cfg) => {
             let channels = cfg.channels().count();
@@ -58,9 +101,126 @@ fn check_config(file: &std::path::Path) -> anyhow::Result<ExitCode> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+fn simulate(
+    scenario: &Path,
+    config: Option<&Path>,
+    seed: Option<u64>,
+    json: bool,
+    timeline: Option<&Path>,
+    record: Option<&Path>,
+    write_config: Option<&Path>,
+    alerts: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(scenario)
+        .with_context(|| format!("reading {}", scenario.display()))?;
+    let sc = match Scenario::from_toml(&text) {
+        Ok(sc) => sc,
+        Err(e) => bail!("{}: {e}", scenario.display()),
+    };
+    let overrides = match config {
+        Some(p) => {
+            let t =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            Some(
+                t.parse::<toml::Table>()
+                    .with_context(|| format!("{} is not valid TOML", p.display()))?,
+            )
+        }
+        None => None,
+    };
+    let cfg_text = sc
+        .hermes_config_text(overrides.as_ref())
+        .map_err(anyhow::Error::msg)?;
+    let cfg = Config::from_toml(&cfg_text).map_err(|e| anyhow::anyhow!("scenario config: {e}"))?;
+    if let Some(p) = write_config {
+        std::fs::write(p, &cfg_text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    let seed = seed.unwrap_or(sc.seed);
+    let mut recorded = Vec::new();
+    let started = std::time::Instant::now();
+    let (report, run) = hermes::sim::drill(&sc, Arc::new(cfg), seed, record.map(|_| &mut recorded));
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "simulation finished"
+    );
+    if let Some(p) = record {
+        let file = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        hermes::replay::write_events(std::io::BufWriter::new(file), &recorded)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = alerts {
+        let mut lines = String::new();
+        for a in &run.alerts {
+            lines.push_str(&serde_json::to_string(a)?);
+            lines.push('\n');
+        }
+        std::fs::write(p, lines).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = timeline {
+        std::fs::write(p, hermes::sim::report::timeline_html(&sc, &run, &report))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", hermes::sim::report::table(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn replay(events: &Path, config: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let cfg = match Config::from_file(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", config.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let bytes = std::fs::read(events).with_context(|| format!("reading {}", events.display()))?;
+    let report = hermes::replay::replay(&bytes, Arc::new(cfg)).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", hermes::replay::table(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match &cli.command {
-        Command::CheckConfig { file } => check_config(file).context("check-config"),
+        Command::CheckConfig { file } => check_config(file),
+        Command::Simulate {
+            scenario,
+            config,
+            seed,
+            json,
+            timeline,
+            record,
+            write_config,
+            alerts,
+        } => simulate(
+            scenario,
+            config.as_deref(),
+            *seed,
+            *json,
+            timeline.as_deref(),
+            record.as_deref(),
+            write_config.as_deref(),
+            alerts.as_deref(),
+        ),
+        Command::Replay {
+            events,
+            config,
+            json,
+        } => replay(events, config, *json),
     }
 }

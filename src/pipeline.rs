@@ -25,7 +25,7 @@ use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
 use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
 use crate::score::{score, Score};
-use crate::signals::{baseline_point, measure, Signals};
+use crate::signals::{baseline_point, measure, Horizon, Signals};
 use crate::state::{Change, Pin, StateKind, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
 use std::sync::Arc;
@@ -298,6 +298,11 @@ impl Engine {
             let policy = ch.cfg.policy.clone();
             ch.ring.seal_before(now, lateness);
             let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
+            let horizon = if ch.machine.kind() == StateKind::Observing {
+                Horizon::Whole
+            } else {
+                Horizon::Recent
+            };
             ch.signals = measure(
                 &mut ch.ring,
                 &ch.outcomes,
@@ -306,6 +311,8 @@ impl Engine {
                 &policy.signals,
                 now,
                 since,
+                horizon,
+                policy.states.probation_min_samples,
             );
             let sc = score(&ch.signals, &policy.signals);
             let voted = sc.voters() > 0;
@@ -325,8 +332,18 @@ impl Engine {
 
             self.scratch.clear();
             let mut scratch = std::mem::take(&mut self.scratch);
-            ch.machine
-                .evaluate(now, voted.then_some(sc.value), &policy.states, &mut scratch);
+            ch.machine.evaluate_with_evidence(
+                now,
+                voted.then_some(sc.value),
+                // Probes are evidence only when there is no half-open share.
+                if policy.states.half_open_share > 0.0 {
+                    ch.signals.evidence_real
+                } else {
+                    ch.signals.evidence_real + ch.signals.evidence_probe
+                },
+                &policy.states,
+                &mut scratch,
+            );
             self.emit_changes(idx as ChannelIdx, &scratch, out);
             self.scratch = scratch;
 
@@ -440,11 +457,16 @@ impl Engine {
         let ch = &self.channels[idx as usize];
         let now = self.watermark_ms.unwrap_or(0);
         let window_ms = self.cfg.schedule.demand_window_ms;
-        let view = ch.ring.counters(now, window_ms, i64::MIN / 2);
-        // Demand over the part of the window the engine has actually seen.
-        let seen_ms = self
-            .first_event_ms
-            .map_or(window_ms, |f| (now - f).clamp(1, window_ms));
+        // Demand over complete slices only: the current one is still filling
+        // and would bias the rate low.
+        let slice_ms = self.cfg.engine.slice_ms;
+        let last_complete = now.div_euclid(slice_ms) * slice_ms - 1;
+        let view = ch.ring.counters(last_complete, window_ms, i64::MIN / 2);
+        // ... and over the part of the window the engine has actually seen.
+        let seen_ms = self.first_event_ms.map_or(window_ms, |f| {
+            let first_complete = (f.div_euclid(slice_ms) + 1) * slice_ms;
+            (last_complete + 1 - first_complete).clamp(slice_ms, window_ms)
+        });
         let secs = seen_ms as f64 / 1000.0;
         let mut demand_rps = [0.0; 4];
         for (d, n) in demand_rps.iter_mut().zip(view.class_requests) {
@@ -473,6 +495,74 @@ impl Engine {
         (0..self.channels.len() as ChannelIdx)
             .map(|i| self.health(i))
             .collect()
+    }
+}
+
+/// The engine and the scheduler together, for a process that owns every
+/// channel: the simulator, replay and the demo. Re-plans every group after
+/// each evaluation tick the watermark crosses.
+pub struct Pipeline {
+    pub engine: Engine,
+    pub scheduler: crate::schedule::Scheduler,
+    /// Every alert raised so far, in order.
+    pub alerts: Vec<AlertEvent>,
+    next_plan_ms: Option<i64>,
+    replans: u64,
+}
+
+impl Pipeline {
+    pub fn new(cfg: Arc<Config>) -> Pipeline {
+        let mut scheduler = crate::schedule::Scheduler::new(cfg.clone());
+        // Initial plans (trust-tier shares) exist before any event.
+        for gi in 0..cfg.groups.len() {
+            scheduler.plan_group(gi, 0, &[], false);
+        }
+        Pipeline {
+            engine: Engine::new(cfg),
+            scheduler,
+            alerts: Vec::new(),
+            next_plan_ms: None,
+            replans: 0,
+        }
+    }
+
+    /// Number of re-planning rounds so far (callers compare it to notice one).
+    pub fn replans(&self) -> u64 {
+        self.replans
+    }
+
+    /// Applies one event, re-planning if it moved the watermark past a tick.
+    pub fn apply(&mut self, ev: &RequestEvent<'_>) -> Result<(), ApplyError> {
+        let r = self.engine.apply(ev, &mut self.alerts);
+        self.replan_if_due();
+        r
+    }
+
+    /// Advances event time without an event (idle periods, simulated time).
+    pub fn advance_to(&mut self, now_ms: i64) {
+        self.engine.advance_to(now_ms, &mut self.alerts);
+        self.replan_if_due();
+    }
+
+    fn replan_if_due(&mut self) {
+        let Some(w) = self.engine.watermark_ms() else {
+            return;
+        };
+        let interval = self.engine.config().engine.evaluation_interval_ms;
+        let due = *self
+            .next_plan_ms
+            .get_or_insert((w.div_euclid(interval) + 1) * interval);
+        if w < due {
+            return;
+        }
+        let tick = w.div_euclid(interval) * interval;
+        self.next_plan_ms = Some(tick + interval);
+        let health = self.engine.health_all();
+        let warm = self.engine.is_warm();
+        for gi in 0..self.engine.config().groups.len() {
+            self.scheduler.plan_group(gi, tick, &health, warm);
+        }
+        self.replans += 1;
     }
 }
 

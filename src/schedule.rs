@@ -15,9 +15,11 @@
 //!    (seed 004: free 30 / paid 70), and is exceeded only to avoid shedding.
 //! 2. **Nominal plan.** The fill below with every channel treated as healthy:
 //!    what each channel would carry at full weight.
-//! 3. **Degraded channels.** AT_RISK, OBSERVING and RECOVERING channels may
-//!    carry `health weight × nominal load` (AT_RISK: 30 %, OBSERVING: the
-//!    half-open 5 %, RECOVERING: the current step). That allowance goes to the
+//! 3. **Degraded channels.** AT_RISK and RECOVERING channels may carry
+//!    `health weight × nominal load` (AT_RISK: 30 %, RECOVERING: the current
+//!    step); OBSERVING channels the half-open share of the group's traffic
+//!    (seed 002: "5 % of real traffic"), at most their nominal load, so the
+//!    probation gathers evidence in about a minute. That allowance goes to the
 //!    lowest-priority *tolerant* classes first (`accepts_at_risk`); interactive
 //!    traffic leaves an AT_RISK channel first. DRAINED channels get nothing.
 //! 4. **Healthy fill.** Classes in priority order take healthy capacity,
@@ -442,8 +444,15 @@ fn healthy_plan(
         }
         // Probation channels need traffic to prove themselves: if no
         // tolerant class has demand, any class may carry the small share.
-        let mut allowance =
-            (c.health_weight.min(1.0) * nominal[j].max(ctx.cap[j] * 0.01)).min(ctx.cap[j]);
+        let base = if c.state == StateKind::Observing && !c.pinned {
+            // Half-open: a share of the group's real traffic (seed 002: "5 %
+            // of real traffic"), enough to judge it, never above its nominal.
+            (c.health_weight * ctx.demand.iter().sum::<f64>())
+                .min(nominal[j].max(ctx.cap[j] * 0.01))
+        } else {
+            c.health_weight.min(1.0) * nominal[j].max(ctx.cap[j] * 0.01)
+        };
+        let mut allowance = base.min(ctx.cap[j]);
         let tolerant_first = low_first.iter().filter(|k| ctx.tolerant(**k));
         let others = low_first
             .iter()
@@ -706,7 +715,13 @@ pub struct Scheduler {
     cfg: std::sync::Arc<crate::config::Config>,
     plans: Vec<Option<Plan>>,
     manual: Vec<bool>,
+    /// Demand estimate per group and class (rps), see `plan_group`.
+    demand: Vec<[f64; 4]>,
 }
+
+/// Per tick, a held demand estimate decays by this factor toward what is
+/// observed (5 s ticks: halves in about three minutes).
+const HELD_DEMAND_DECAY: f64 = 0.98;
 
 impl Scheduler {
     pub fn new(cfg: std::sync::Arc<crate::config::Config>) -> Scheduler {
@@ -715,6 +730,7 @@ impl Scheduler {
             cfg,
             plans: vec![None; n],
             manual: vec![false; n],
+            demand: vec![[0.0; 4]; n],
         }
     }
 
@@ -736,10 +752,10 @@ impl Scheduler {
         self.plans[i].as_ref()
     }
 
-    /// Re-plans group `gi` from its channels' health. `health` must hold
-    /// every channel of the group (channels missing from it are treated as
-    /// drained: no evidence, no traffic). Returns the plan and whether its
-    /// routing changed.
+    /// Re-plans group `gi` from its channels' health. A channel missing from
+    /// `health` has no evidence either way and is planned as healthy with an
+    /// unknown score (before warm-up that means its trust-tier share).
+    /// Returns the plan and whether its routing changed.
     pub fn plan_group(
         &mut self,
         gi: usize,
@@ -760,8 +776,8 @@ impl Scheduler {
             }
             channels.push(ChannelInput {
                 id: c.id.clone(),
-                state: h.map_or(StateKind::Drained, |h| h.state),
-                health_weight: h.map_or(0.0, |h| h.weight),
+                state: h.map_or(StateKind::Healthy, |h| h.state),
+                health_weight: h.map_or(1.0, |h| h.weight),
                 pinned: h.is_some_and(|h| h.pinned),
                 score: h.and_then(|h| h.score),
                 price_per_1k_tokens: c.price_per_1k_tokens,
@@ -772,14 +788,20 @@ impl Scheduler {
                 tokens_per_request: h.and_then(|h| h.tokens_per_request),
             });
         }
-        // Shed requests never reach a channel, so observed demand is only
-        // what was served: scale it back up by the share shed last time, or
-        // a shed would look like falling demand and undo itself.
+        // Shed requests never reach a channel, so while a class is shed its
+        // observed demand is censored: scale it back up by the shed share,
+        // and never let the estimate fall faster than a slow decay. A low
+        // estimate would plan a backup above its capacity (seed 002).
         if let Some(p) = prev {
             for (k, d) in demand.iter_mut().enumerate() {
-                *d /= (1.0 - p.classes[k].shed).max(0.05);
+                let shed = p.classes[k].shed;
+                if shed > 1e-9 {
+                    let corrected = *d / (1.0 - shed).max(0.5);
+                    *d = corrected.max(self.demand[gi][k] * HELD_DEMAND_DECAY);
+                }
             }
         }
+        self.demand[gi] = demand;
         let input = GroupInput {
             group: g.id.clone(),
             now_ms,

@@ -107,6 +107,10 @@ pub struct Signals {
     pub latency: Option<LatencySummary>,
     pub short_real: Counters,
     pub short_probe: Counters,
+    /// Real attempts in the long view since `not_before_ms`, and probes:
+    /// the evidence behind a probation decision.
+    pub evidence_real: u32,
+    pub evidence_probe: u32,
     /// Error rate of real traffic over the short window (unweighted by
     /// min_samples: for severity rules and the status view).
     pub error_rate: Option<f64>,
@@ -138,7 +142,20 @@ enum Pop {
     Probe,
 }
 
+/// Which views a measurement prefers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Horizon {
+    /// The short window first, the long one when it lacks samples: quick to
+    /// react (healthy, at-risk and recovering channels).
+    Recent,
+    /// Everything since `not_before_ms` within the long window: a probation
+    /// verdict rests on all its evidence, so a periodic fault cannot hide in
+    /// a lucky minute.
+    Whole,
+}
+
 /// Measures every signal at `now_ms`.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     ring: &mut SliceRing,
     outcomes: &OutcomeWindow,
@@ -147,22 +164,36 @@ pub fn measure(
     policy: &SignalPolicies,
     now_ms: i64,
     not_before_ms: i64,
+    horizon: Horizon,
+    probation_min_samples: u32,
 ) -> Signals {
-    let short = ring.counters(now_ms, cfg.short_window_ms, not_before_ms);
+    let short_ms = match horizon {
+        Horizon::Recent => cfg.short_window_ms,
+        Horizon::Whole => cfg.long_window_ms,
+    };
+    let short = ring.counters(now_ms, short_ms, not_before_ms);
     let long = ring.counters(now_ms, cfg.long_window_ms, not_before_ms);
     // Candidate views in preference order.
     let views = [
-        (cfg.short_window_ms, Pop::Real, short.real),
+        (short_ms, Pop::Real, short.real),
         (cfg.long_window_ms, Pop::Real, long.real),
-        (cfg.short_window_ms, Pop::Probe, short.probe),
+        (short_ms, Pop::Probe, short.probe),
         (cfg.long_window_ms, Pop::Probe, long.probe),
     ];
     let mut out = Signals {
         short_real: short.real,
         short_probe: short.probe,
+        evidence_real: long.real.requests,
+        evidence_probe: long.probe.requests,
         ..Signals::default()
     };
-    let min = |k: SignalKind| k.policy(policy).min_samples;
+    // In probation a signal votes on the probation's evidence: refusing to
+    // vote there would let a sick channel pass on the signals that did.
+    let probation_cap = match horizon {
+        Horizon::Recent => u32::MAX,
+        Horizon::Whole => probation_min_samples,
+    };
+    let min = |k: SignalKind| k.policy(policy).min_samples.min(probation_cap);
 
     // Counter-based rates: the first view with enough denominator samples.
     let counter_signal = |k: SignalKind,
@@ -270,6 +301,11 @@ pub fn measure(
                 }
                 if let Some(d) = ring.digest(which, now_ms, window_ms, not_before_ms) {
                     if d.count() as u32 >= min(k) {
+                        let q = if q > 0.5 && horizon == Horizon::Recent {
+                            q.min(1.0 - cfg.quantile_min_tail as f64 / d.count())
+                        } else {
+                            q
+                        };
                         return d.estimate_quantile(q).map(|value| {
                             (
                                 Measurement {
@@ -431,6 +467,8 @@ mod tests {
             &policy,
             t0 + 1000,
             i64::MIN / 2,
+            Horizon::Recent,
+            0,
         );
         assert_eq!(s.get(SignalKind::ErrorRate), None);
         assert_eq!(s.get(SignalKind::P99Latency), None);
@@ -461,6 +499,8 @@ mod tests {
             &policy,
             now,
             i64::MIN / 2,
+            Horizon::Recent,
+            0,
         );
         let m = s.get(SignalKind::ErrorRate).unwrap();
         assert_eq!(m.samples, 30);
@@ -488,6 +528,8 @@ mod tests {
             &policy,
             t0 + 20_000,
             i64::MIN / 2,
+            Horizon::Recent,
+            0,
         );
         let rel = s.get(SignalKind::RelativeP99).unwrap().value;
         assert!((rel - 1090.0 / 400.0).abs() < 0.1, "{rel}");
@@ -513,6 +555,8 @@ mod tests {
             &policy,
             t0 + 100_000,
             i64::MIN / 2,
+            Horizon::Recent,
+            0,
         );
         assert_eq!(s.quota_remaining, Some(9_000));
         assert_eq!(s.quota_exhausted_in_ms, Some(900_000));

@@ -391,6 +391,20 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
+        self.evaluate_with_evidence(now_ms, score, u32::MAX, p, out)
+    }
+
+    /// `evaluate`, knowing how many attempts the score rests on since the
+    /// channel was let back in: an OBSERVING pass needs
+    /// `probation_min_samples` of them (a relapse does not).
+    pub fn evaluate_with_evidence(
+        &mut self,
+        now_ms: i64,
+        score: Option<f64>,
+        evidence: u32,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
         self.expire_pin(now_ms, p, out);
         match self.state {
             ChannelState::Healthy | ChannelState::AtRisk { .. } => {
@@ -481,6 +495,8 @@ impl StateMachine {
                         p,
                         out,
                     );
+                } else if s < p.observe_pass_score && evidence < p.probation_min_samples {
+                    // Too little evidence to call it a pass; keep the streak.
                 } else if s < p.observe_pass_score {
                     let passes = passes + 1;
                     if passes >= p.observe_passes {
@@ -661,10 +677,11 @@ mod tests {
             assert!(eval(&mut m, 15 + i, 0.40).is_empty());
         }
         assert_eq!(m.kind(), StateKind::AtRisk);
-        // Below exit, confirmed.
-        eval(&mut m, 100, 0.30);
-        eval(&mut m, 105, 0.30);
-        let ch = eval(&mut m, 110, 0.30);
+        // Below exit, confirmed over `healthy_confirmations` evaluations.
+        for i in 0..p.healthy_confirmations - 1 {
+            assert!(eval(&mut m, 100 + i as i64, 0.30).is_empty());
+        }
+        let ch = eval(&mut m, 200, 0.30);
         assert_eq!(ch[0].to, StateKind::Healthy);
         assert_eq!(m.weight(&p), 1.0);
     }
@@ -765,6 +782,31 @@ mod tests {
                 since_ms: t,
                 until_ms: t + p.cooldown_ms
             }
+        );
+    }
+
+    #[test]
+    fn an_observing_pass_needs_evidence_a_relapse_does_not() {
+        let p = policy();
+        let mut m = drained();
+        let mut out = Vec::new();
+        m.evaluate_with_evidence(p.cooldown_ms, Some(0.0), 0, &p, &mut out);
+        assert_eq!(m.kind(), StateKind::Observing);
+        for i in 1..=10 {
+            m.evaluate_with_evidence(
+                p.cooldown_ms + i * 5_000,
+                Some(0.1),
+                p.probation_min_samples - 1,
+                &p,
+                &mut out,
+            );
+        }
+        assert_eq!(m.kind(), StateKind::Observing, "no pass on thin evidence");
+        m.evaluate_with_evidence(p.cooldown_ms + 60_000, Some(0.9), 3, &p, &mut out);
+        assert_eq!(
+            m.kind(),
+            StateKind::Drained,
+            "a relapse on thin evidence still counts"
         );
     }
 

@@ -1,0 +1,772 @@
+//! Closed-loop fault simulator (`hermes simulate`).
+//!
+//! A simulated clock steps by `step_ms`. Each step, simulated gateways turn
+//! each traffic class's demand into requests and route every one by the
+//! *current plan's* weights for its class (or shed it), so Hermes's decisions
+//! change what each channel sees. Each channel answers from its profile, its
+//! active fault, and its load: above capacity its latency and 503s rise (the
+//! backup that fails under doubled traffic). Completed attempts become request
+//! events, go through the Avro encoder and decoder exactly as they would
+//! through Kafka, and are applied to the very `Engine` and `Scheduler` the
+//! service runs; failed attempts may be retried by the gateway. After each
+//! evaluation tick the scheduler re-plans the group.
+//!
+//! Everything is deterministic for a seed: one RNG, consumed in a fixed order.
+
+pub mod report;
+pub mod scenario;
+
+use crate::alert::AlertEvent;
+use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
+use crate::config::Config;
+use crate::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use crate::pipeline::Pipeline;
+use crate::schedule::Plan;
+use crate::state::StateKind;
+use scenario::{Behavior, Fault, Scenario, SimChannel};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+/// SplitMix64: small, fast, and stable across Rust versions (unlike the
+/// streams of general-purpose RNG crates), so seeds replay forever.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5851_f42d_4c95_7f2d)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.f64() < p
+    }
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.f64()
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.f64().max(1e-300);
+        let u2 = self.f64();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+    /// Poisson count with mean `lambda`.
+    pub fn poisson(&mut self, lambda: f64) -> u32 {
+        if lambda <= 0.0 {
+            return 0;
+        }
+        if lambda > 30.0 {
+            return (lambda + lambda.sqrt() * self.normal()).round().max(0.0) as u32;
+        }
+        let l = (-lambda).exp();
+        let mut k = 0;
+        let mut p = 1.0;
+        loop {
+            p *= self.f64();
+            if p <= l {
+                return k;
+            }
+            k += 1;
+        }
+    }
+}
+
+/// Whether the simulated gateways follow Hermes or keep static weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Closed loop: weights from the scheduler after every tick.
+    Hermes,
+    /// The initial trust-tier plan forever (what teams ran before Hermes).
+    Static,
+}
+
+/// One sample of a channel for the timeline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub t_s: f64,
+    pub state: StateKind,
+    pub health_weight: f64,
+    /// Share of all planned traffic routed to the channel.
+    pub traffic_share: f64,
+    pub score: Option<f64>,
+}
+
+/// Per-channel results of one run.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelRun {
+    pub samples: Vec<Sample>,
+    /// Attempts that reached the channel (real traffic, retries included).
+    pub served: u64,
+    /// Of those, harmed by an active fault or by overload.
+    pub bad: u64,
+    /// Seconds in which this channel's 5 s mean load exceeded its capacity.
+    pub overload_s: u64,
+    /// Event time (s) when the consecutive hard-failure streak first reached
+    /// the policy's threshold during a fault.
+    pub nth_failure_s: Option<f64>,
+}
+
+/// Everything one run produced.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    pub channels: Vec<ChannelRun>,
+    pub alerts: Vec<AlertEvent>,
+    pub requests: u64,
+    pub shed: u64,
+    pub spend: f64,
+    /// Seconds in which any channel took more attempts than its capacity.
+    pub overload_s: u64,
+    pub events: u64,
+    pub decode_errors: u64,
+}
+
+/// An attempt in flight or waiting to be retried.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    class: TrafficClass,
+    long: bool,
+    structured: bool,
+    probe: bool,
+    attempt: i32,
+    /// Channel index (fixed for probes; chosen at dispatch otherwise).
+    channel: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Completed {
+    req: Request,
+    start_ms: i64,
+    error: ErrorClass,
+    http_status: i32,
+    latency_ms: i32,
+    ttfb_ms: Option<i32>,
+    input_tokens: i32,
+    output_tokens: i32,
+    truncated: bool,
+    schema_valid: Option<bool>,
+    replacement_chars: i32,
+    cost: f64,
+    harmed: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    Done(Completed),
+    Retry(Request),
+}
+
+struct Queued {
+    at_ms: i64,
+    seq: u64,
+    what: Pending,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at_ms, self.seq) == (o.at_ms, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at_ms, self.seq).cmp(&(o.at_ms, o.seq))
+    }
+}
+
+/// The behavior of a channel for one request at one instant, and whether a
+/// fault (rather than the normal profile) is shaping it.
+fn behavior_at<'c>(
+    c: &'c SimChannel,
+    base: &Behavior,
+    t_s: f64,
+    long: bool,
+    faults_on: bool,
+) -> (Behavior, Option<&'c Fault>, bool) {
+    if !faults_on {
+        return (*base, None, false);
+    }
+    for f in &c.faults {
+        if t_s < f.start_s || t_s >= f.end_s || (f.only_long && !long) {
+            continue;
+        }
+        let x = if f.ramp_s > 0.0 {
+            ((t_s - f.start_s) / f.ramp_s).min(1.0)
+        } else {
+            1.0
+        };
+        let mut b = Behavior::lerp(base, &base.with(&f.profile), x);
+        let mut pulsing = false;
+        if let Some(p) = f.pulse {
+            let n = ((t_s - f.start_s) / p.period_s).floor();
+            let into = t_s - f.start_s - n * p.period_s;
+            // Per-pulse length, deterministic from the pulse number.
+            let len = match p.max_duration_s {
+                Some(max) => {
+                    let h = Rng::new(n as u64 ^ 0xabcd).f64();
+                    p.duration_s + (max - p.duration_s) * h
+                }
+                None => p.duration_s,
+            };
+            if into >= p.period_s - len {
+                pulsing = true;
+                b.latency_p50_ms = p.latency_ms;
+                b.latency_p99_ms = p.latency_ms * 1.1;
+            }
+        }
+        return (b, Some(f), pulsing);
+    }
+    (*base, None, false)
+}
+
+/// How one channel answers one attempt.
+#[allow(clippy::too_many_arguments)]
+fn answer(
+    c: &SimChannel,
+    base: &Behavior,
+    req: &Request,
+    t_ms: i64,
+    t_s: f64,
+    load_rps: f64,
+    faults_on: bool,
+    rng: &mut Rng,
+) -> Completed {
+    let (b, fault, pulsing) = behavior_at(c, base, t_s, req.long, faults_on);
+    let input_tokens = if req.probe {
+        40
+    } else if req.long {
+        rng.range(4_000.0, 12_000.0) as i32
+    } else {
+        rng.range(200.0, 2_000.0) as i32
+    };
+    let mut out = Completed {
+        req: *req,
+        start_ms: t_ms,
+        error: ErrorClass::None,
+        http_status: 200,
+        latency_ms: 0,
+        ttfb_ms: None,
+        input_tokens,
+        output_tokens: 0,
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        cost: 0.0,
+        harmed: false,
+    };
+    let overload = (load_rps / c.capacity_rps).max(1.0);
+    let fail = |out: &mut Completed, e: ErrorClass, status: i32, latency: f64| {
+        out.error = e;
+        out.http_status = status;
+        out.latency_ms = latency.max(1.0) as i32;
+    };
+    if fault.is_some_and(|f| f.refuse_all) {
+        fail(&mut out, ErrorClass::ConnectError, 0, rng.range(20.0, 60.0));
+        out.harmed = true;
+        return out;
+    }
+    // The upstream's own rate limiter sheds the excess over its limit.
+    let p429 = b.rate_limited_rate
+        + if load_rps > b.rate_limit_rps {
+            1.0 - b.rate_limit_rps / load_rps
+        } else {
+            0.0
+        };
+    // Overload: queueing inflates latency, the excess starts failing (503).
+    let p_overload = ((overload - 1.0) * 0.8).min(0.6);
+    let u = rng.f64();
+    let mut acc = 0.0;
+    let mut pick = |p: f64| {
+        acc += p;
+        u < acc
+    };
+    let typical = b.latency_p50_ms;
+    if pick(p429) {
+        fail(
+            &mut out,
+            ErrorClass::RateLimited,
+            429,
+            rng.range(30.0, 120.0),
+        );
+    } else if pick(b.server_error_rate + p_overload) {
+        fail(
+            &mut out,
+            ErrorClass::ServerError,
+            503,
+            typical * rng.range(0.1, 0.5),
+        );
+    } else if pick(b.read_timeout_rate) {
+        fail(&mut out, ErrorClass::ReadTimeout, 0, 10_000.0);
+    } else if pick(b.connection_reset_rate) {
+        fail(
+            &mut out,
+            ErrorClass::ConnectionReset,
+            0,
+            typical * rng.range(0.1, 1.0),
+        );
+    }
+    if out.error != ErrorClass::None {
+        out.harmed = fault.is_some() || overload > 1.0;
+        return out;
+    }
+    let sigma =
+        ((b.latency_p99_ms.max(b.latency_p50_ms * 1.01) / b.latency_p50_ms).ln() / 2.326).max(0.01);
+    let mut latency = (b.latency_p50_ms.ln() + sigma * rng.normal()).exp();
+    if req.long {
+        latency *= 1.6;
+    }
+    if req.probe {
+        latency *= 0.5;
+    }
+    latency *= overload * overload;
+    out.latency_ms = latency.clamp(1.0, 600_000.0) as i32;
+    out.ttfb_ms = Some((latency * b.ttfb_share).max(1.0) as i32);
+    let median = if req.probe {
+        60.0
+    } else {
+        b.output_tokens_median
+    };
+    let mut tokens = (median.max(1.0).ln() + 0.35 * rng.normal()).exp();
+    if rng.chance(b.truncation_rate) {
+        out.truncated = true;
+        tokens *= 0.4;
+    }
+    out.output_tokens = tokens.max(1.0) as i32;
+    if rng.chance(b.garbled_rate) {
+        out.replacement_chars = 1 + (rng.f64() * 5.0) as i32;
+    }
+    if req.structured {
+        out.schema_valid = Some(!rng.chance(b.schema_invalid_rate));
+    }
+    out.cost = c.price_per_1k_tokens * (input_tokens + out.output_tokens) as f64 / 1000.0;
+    let normal_p99 =
+        base.latency_p99_ms * if req.long { 1.6 } else { 1.0 } * if req.probe { 0.5 } else { 1.0 };
+    out.harmed = overload > 1.0 && latency > normal_p99
+        || fault.is_some()
+            && (pulsing
+                || out.truncated
+                || out.replacement_chars > 0
+                || out.schema_valid == Some(false)
+                || latency > normal_p99 * 1.2
+                || (out.output_tokens as f64) < base.output_tokens_median * 0.5 && !req.probe);
+    out
+}
+
+/// Seconds over which a channel's load is averaged (model and `overload_s`).
+pub const LOAD_WINDOW_S: usize = 5;
+
+/// Mean attempts per second over the last `LOAD_WINDOW_S` seconds, where the
+/// current second is `frac` done with `current` attempts so far.
+fn load_rps(history: &[u32; LOAD_WINDOW_S], current: u32, frac: f64) -> f64 {
+    let full: u32 = history[..LOAD_WINDOW_S - 1].iter().sum();
+    let oldest = history[LOAD_WINDOW_S - 1] as f64 * (1.0 - frac);
+    (full as f64 + oldest + current as f64) / LOAD_WINDOW_S as f64
+}
+
+/// The plan's choice for one request: a channel index, or `None` to shed.
+fn route(plan: &Plan, class: TrafficClass, index: &[usize], rng: &mut Rng) -> Option<usize> {
+    let cp = plan.class(class);
+    if rng.chance(cp.shed) {
+        return None;
+    }
+    let mut u = rng.f64();
+    let mut last = None;
+    for (i, (_, w)) in cp.weights.iter().enumerate() {
+        if *w <= 0.0 {
+            continue;
+        }
+        last = Some(index[i]);
+        if u < *w {
+            return last;
+        }
+        u -= *w;
+    }
+    last
+}
+
+/// Runs one scenario once. `record` collects every encoded event.
+pub fn run(
+    sc: &Scenario,
+    cfg: Arc<Config>,
+    routing: Routing,
+    faults_on: bool,
+    seed: u64,
+    mut record: Option<&mut Vec<Vec<u8>>>,
+) -> RunResult {
+    let n = sc.channels.len();
+    let bases: Vec<Behavior> = sc
+        .channels
+        .iter()
+        .map(|c| Behavior::base().with(&c.normal))
+        .collect();
+    let mut pipeline = Pipeline::new(cfg.clone());
+    let mut replans = 0;
+    let mut rng = Rng::new(seed);
+    let mut queue: BinaryHeap<Reverse<Queued>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut result = RunResult {
+        channels: vec![ChannelRun::default(); n],
+        ..RunResult::default()
+    };
+    let policies: Vec<u32> = sc
+        .channels
+        .iter()
+        .map(|c| {
+            cfg.channels()
+                .find(|x| x.id == c.id)
+                .map_or(u32::MAX, |x| x.policy.states.consecutive_failures)
+        })
+        .collect();
+    let mut streaks = vec![0u32; n];
+
+    // The plan's channel order is by id; map plan positions to scenario indices.
+    let group = &cfg.groups[0].id;
+    let mut plan = match pipeline.scheduler.plan(group) {
+        Some(p) => p.clone(),
+        None => return result,
+    };
+    let plan_index: Vec<usize> = plan
+        .channels
+        .iter()
+        .map(|p| sc.channels.iter().position(|c| c.id == p.id).unwrap_or(0))
+        .collect();
+
+    let encoder_decoder = (Encoder::default(), Decoder::new(WireFormat::Plain));
+    let (mut encoder, decoder) = encoder_decoder;
+    let mut buf = Vec::with_capacity(256);
+    let mut id_buf = String::new();
+
+    let step = sc.step_ms;
+    let steps = (sc.duration_s * 1000.0 / step as f64).ceil() as i64;
+    // Attempts started per channel in each of the last LOAD_WINDOW_S seconds:
+    // load is their mean (an upstream queue absorbs one-second blips).
+    let mut second_counts = vec![0u32; n];
+    let mut history = vec![[0u32; LOAD_WINDOW_S]; n];
+    let mut current_second = 0i64;
+    let mut next_probe_s = vec![0.0f64; n];
+    for (j, p) in next_probe_s.iter_mut().enumerate() {
+        *p = sc.gateway.probe_interval_s * (j as f64 + 1.0) / (n as f64 + 1.0);
+    }
+
+    let dispatch = |req: Request,
+                    t_ms: i64,
+                    rng: &mut Rng,
+                    queue: &mut BinaryHeap<Reverse<Queued>>,
+                    seq: &mut u64,
+                    second_counts: &mut [u32],
+                    history: &[[u32; LOAD_WINDOW_S]],
+                    current_second: i64,
+                    result: &mut RunResult| {
+        let j = req.channel;
+        second_counts[j] += 1;
+        let frac = (((t_ms - sc.start_ms) as f64 / 1000.0) - current_second as f64).clamp(0.0, 1.0);
+        let load = load_rps(&history[j], second_counts[j], frac);
+        let t_s = (t_ms - sc.start_ms) as f64 / 1000.0;
+        let done = answer(
+            &sc.channels[j],
+            &bases[j],
+            &req,
+            t_ms,
+            t_s,
+            load,
+            faults_on,
+            rng,
+        );
+
+        if !req.probe {
+            result.channels[j].served += 1;
+            result.channels[j].bad += done.harmed as u64;
+            result.spend += done.cost;
+        }
+        *seq += 1;
+        queue.push(Reverse(Queued {
+            at_ms: t_ms + done.latency_ms as i64,
+            seq: *seq,
+            what: Pending::Done(done),
+        }));
+    };
+
+    for s in 0..=steps {
+        let t_ms = sc.start_ms + s * step;
+        let t_s = (s * step) as f64 / 1000.0;
+        let second = (s * step) / 1000;
+        if second != current_second {
+            for j in 0..n {
+                history[j].rotate_right(1);
+                history[j][0] = second_counts[j];
+            }
+            let mut any = false;
+            for ((h, c), run) in history
+                .iter()
+                .zip(&sc.channels)
+                .zip(result.channels.iter_mut())
+            {
+                if load_rps(h, 0, 0.0) > c.capacity_rps {
+                    run.overload_s += 1;
+                    any = true;
+                }
+            }
+            result.overload_s += any as u64;
+            second_counts.iter_mut().for_each(|c| *c = 0);
+            current_second = second;
+        }
+
+        // 1. Completions and due retries, in time order.
+        while let Some(Reverse(q)) = queue.peek() {
+            if q.at_ms > t_ms {
+                break;
+            }
+            let Some(Reverse(q)) = queue.pop() else { break };
+            match q.what {
+                Pending::Retry(mut req) => {
+                    if let Some(j) = route(&plan, req.class, &plan_index, &mut rng) {
+                        req.channel = j;
+                        dispatch(
+                            req,
+                            q.at_ms,
+                            &mut rng,
+                            &mut queue,
+                            &mut seq,
+                            &mut second_counts,
+                            &history,
+                            current_second,
+                            &mut result,
+                        );
+                    } else {
+                        result.shed += 1;
+                    }
+                }
+                Pending::Done(d) => {
+                    let c = &sc.channels[d.req.channel];
+                    id_buf.clear();
+                    use std::fmt::Write;
+                    let _ = write!(id_buf, "sim-{}", q.seq);
+                    let ev = RequestEvent {
+                        event_id: &id_buf,
+                        event_time_ms: q.at_ms,
+                        gateway_id: "sim-gw",
+                        channel_id: &c.id,
+                        route_group: &sc.gateway.group,
+                        model: "sim-model",
+                        traffic_class: d.req.class,
+                        attempt: d.req.attempt,
+                        http_status: d.http_status,
+                        error_class: d.error,
+                        latency_ms: d.latency_ms,
+                        ttfb_ms: d.ttfb_ms,
+                        input_tokens: d.input_tokens,
+                        output_tokens: d.output_tokens,
+                        finish_reason: if d.error != ErrorClass::None {
+                            FinishReason::Error
+                        } else if d.truncated {
+                            FinishReason::Length
+                        } else {
+                            FinishReason::Stop
+                        },
+                        truncated: d.truncated,
+                        schema_valid: d.schema_valid,
+                        replacement_chars: d.replacement_chars,
+                        is_probe: d.req.probe,
+                        cost: d.cost,
+                        quota_remaining: None,
+                        trace_id: None,
+                    };
+                    buf.clear();
+                    if encoder.encode_plain(&ev, &mut buf).is_err() {
+                        result.decode_errors += 1;
+                        continue;
+                    }
+                    if let Some(r) = record.as_deref_mut() {
+                        r.push(buf.clone());
+                    }
+                    result.events += 1;
+                    if routing == Routing::Hermes {
+                        match decoder.decode(&buf, &NoRegistry) {
+                            Ok(decoded) => {
+                                let _ = pipeline.apply(&decoded);
+                            }
+                            Err(_) => result.decode_errors += 1,
+                        }
+                    }
+                    // Fast-path bookkeeping for the report.
+                    let j = d.req.channel;
+                    if d.error == ErrorClass::None {
+                        streaks[j] = 0;
+                    } else if d.error.is_hard_failure() {
+                        streaks[j] += 1;
+                        let at_s = (q.at_ms - sc.start_ms) as f64 / 1000.0;
+                        let in_fault = sc.channels[j]
+                            .faults
+                            .iter()
+                            .any(|f| at_s >= f.start_s && at_s < f.end_s);
+                        if streaks[j] >= policies[j]
+                            && in_fault
+                            && result.channels[j].nth_failure_s.is_none()
+                        {
+                            result.channels[j].nth_failure_s = Some(at_s);
+                        }
+                    }
+                    let retryable = matches!(
+                        d.error,
+                        ErrorClass::RateLimited
+                            | ErrorClass::ServerError
+                            | ErrorClass::ReadTimeout
+                            | ErrorClass::ConnectionReset
+                            | ErrorClass::ConnectError
+                    );
+                    if retryable && !d.req.probe && (d.req.attempt as u32) < sc.gateway.max_retries
+                    {
+                        seq += 1;
+                        let mut req = d.req;
+                        req.attempt += 1;
+                        queue.push(Reverse(Queued {
+                            at_ms: q.at_ms + sc.gateway.retry_delay_ms,
+                            seq,
+                            what: Pending::Retry(req),
+                        }));
+                    }
+                    let _ = d.start_ms;
+                }
+            }
+        }
+        if routing == Routing::Hermes {
+            pipeline.advance_to(t_ms);
+        }
+
+        // 2. Gateways pick up the new plan after each re-planning round.
+        if pipeline.replans() != replans {
+            replans = pipeline.replans();
+            if let Some(p) = pipeline.scheduler.plan(group) {
+                plan = p.clone();
+            }
+            let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
+            for (pos, cp) in plan.channels.iter().enumerate() {
+                let j = plan_index[pos];
+                let (state, hw, score) = pipeline.engine.channel_index(&cp.id).map_or(
+                    (StateKind::Healthy, 1.0, None),
+                    |i| {
+                        let m = pipeline.engine.machine(i);
+                        let h = pipeline.engine.health(i);
+                        (m.kind(), h.weight, h.score)
+                    },
+                );
+                let share = if total > 0.0 {
+                    cp.planned_rps / total
+                } else {
+                    0.0
+                };
+                result.channels[j].samples.push(Sample {
+                    t_s,
+                    state,
+                    health_weight: hw,
+                    traffic_share: share,
+                    score,
+                });
+            }
+        }
+
+        // 3. Probes.
+        if sc.gateway.probe_interval_s > 0.0 {
+            for (j, next) in next_probe_s.iter_mut().enumerate() {
+                while *next <= t_s {
+                    *next += sc.gateway.probe_interval_s;
+                    let req = Request {
+                        class: TrafficClass::Core,
+                        long: false,
+                        structured: true,
+                        probe: true,
+                        attempt: 0,
+                        channel: j,
+                    };
+                    dispatch(
+                        req,
+                        t_ms,
+                        &mut rng,
+                        &mut queue,
+                        &mut seq,
+                        &mut second_counts,
+                        &history,
+                        current_second,
+                        &mut result,
+                    );
+                }
+            }
+        }
+
+        // 4. New requests.
+        for tr in &sc.traffic {
+            let mut rate = tr.rps
+                * (1.0 + tr.diurnal_amplitude * (std::f64::consts::TAU * t_s / 86_400.0).sin());
+            for b in &tr.bursts {
+                if t_s >= b.start_s && t_s < b.end_s {
+                    rate *= b.factor;
+                }
+            }
+            let count = rng.poisson(rate * step as f64 / 1000.0);
+            for _ in 0..count {
+                result.requests += 1;
+                let class = tr.class.class();
+                let long = rng.chance(tr.long_share);
+                let structured = rng.chance(tr.structured_share);
+                match route(&plan, class, &plan_index, &mut rng) {
+                    Some(j) => {
+                        let at = t_ms + (rng.f64() * step as f64) as i64;
+                        let req = Request {
+                            class,
+                            long,
+                            structured,
+                            probe: false,
+                            attempt: 0,
+                            channel: j,
+                        };
+                        dispatch(
+                            req,
+                            at,
+                            &mut rng,
+                            &mut queue,
+                            &mut seq,
+                            &mut second_counts,
+                            &history,
+                            current_second,
+                            &mut result,
+                        );
+                    }
+                    None => result.shed += 1,
+                }
+            }
+        }
+    }
+    result.alerts = std::mem::take(&mut pipeline.alerts);
+    result
+}
+
+/// The three runs behind a drill report: Hermes closed loop, static
+/// weights, and Hermes without faults (the spend baseline).
+pub fn drill(
+    sc: &Scenario,
+    cfg: Arc<Config>,
+    seed: u64,
+    record: Option<&mut Vec<Vec<u8>>>,
+) -> (report::Report, RunResult) {
+    let hermes = run(sc, cfg.clone(), Routing::Hermes, true, seed, record);
+    let static_run = run(sc, cfg.clone(), Routing::Static, true, seed, None);
+    let baseline = run(sc, cfg, Routing::Hermes, false, seed, None);
+    (
+        report::build(sc, seed, &hermes, &static_run, &baseline),
+        hermes,
+    )
+}

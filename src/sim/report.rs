@@ -1,0 +1,408 @@
+//! The drill report: decision quality computed from the alert stream (the
+//! audit trail every action leaves), plus the cost and harm comparisons.
+//!
+//! Definitions (also in the README):
+//! - `detect_s`: fault start → first transition out of HEALTHY.
+//! - `drain_s`: fault start → first transition to DRAINED.
+//! - `recover_s`: fault end → HEALTHY (full weight); 0 if it already was.
+//! - `flaps`: reversed decisions: a move down (to AT_RISK or DRAINED) that
+//!   follows a move up (AT_RISK → HEALTHY, OBSERVING → RECOVERING, a
+//!   recovery step, RECOVERING → HEALTHY) after an earlier move down. A
+//!   failed half-open probe (OBSERVING → DRAINED) is probing, not a reversal.
+//! - `false_drain`: a channel without a fault was drained.
+//! - `bad_requests`: attempts harmed by an active fault (its error, latency,
+//!   truncation, garbling, short output) or by overload; `_static` is the same
+//!   traffic with static trust-tier weights.
+
+use super::{RunResult, Scenario};
+use crate::alert::{AlertEvent, AlertKind};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One channel's line in the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelReport {
+    pub id: String,
+    pub faulty: bool,
+    pub fault_start_s: Option<f64>,
+    pub fault_end_s: Option<f64>,
+    pub detect_s: Option<f64>,
+    pub drain_s: Option<f64>,
+    pub recover_s: Option<f64>,
+    pub flaps: u32,
+    pub false_drain: bool,
+    /// Drain incidents: transitions into DRAINED, except a failed half-open
+    /// probe (OBSERVING → DRAINED), which belongs to the incident before it.
+    pub drains: u32,
+    /// Seconds this channel ran above its capacity (5 s mean load).
+    pub overload_s: u64,
+    /// Event time from the Nth consecutive hard failure to the drain.
+    pub nth_failure_to_drain_s: Option<f64>,
+    pub longest_at_risk_s: f64,
+    pub served: u64,
+    pub bad: u64,
+}
+
+/// The whole report (`--json` prints exactly this).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub duration_s: f64,
+    pub seed: u64,
+    pub channels: Vec<ChannelReport>,
+    pub bad_requests: u64,
+    pub bad_requests_static: u64,
+    pub spend: f64,
+    pub spend_baseline: f64,
+    /// Budget over the whole run (budget per hour × hours), if any.
+    pub budget: Option<f64>,
+    pub overload_s: u64,
+    pub requests: u64,
+    pub shed: u64,
+    pub events: u64,
+    /// Alerts raised, by kind.
+    pub alerts: BTreeMap<String, u64>,
+}
+
+struct Move {
+    t_s: f64,
+    from: String,
+    to: String,
+    up: bool,
+    down: bool,
+}
+
+fn moves(alerts: &[AlertEvent], channel: &str, start_ms: i64) -> Vec<Move> {
+    alerts
+        .iter()
+        .filter(|a| a.channel_id.as_deref() == Some(channel))
+        .filter(|a| matches!(a.kind, AlertKind::Transition | AlertKind::WeightChange))
+        .map(|a| {
+            let from = a.from_state.clone().unwrap_or_default();
+            let to = a.to_state.clone().unwrap_or_default();
+            let down = (to == "AT_RISK" || to == "DRAINED") && from != "OBSERVING" && from != to;
+            let up = a.kind == AlertKind::WeightChange
+                || (to == "HEALTHY" && from != "HEALTHY")
+                || (to == "RECOVERING" && from == "OBSERVING");
+            Move {
+                t_s: (a.event_time_ms - start_ms) as f64 / 1000.0,
+                from,
+                to,
+                up,
+                down,
+            }
+        })
+        .collect()
+}
+
+/// Builds the report from the Hermes run, the static-weights run and the
+/// no-fault baseline run.
+pub fn build(
+    sc: &Scenario,
+    seed: u64,
+    hermes: &RunResult,
+    static_run: &RunResult,
+    baseline: &RunResult,
+) -> Report {
+    let mut channels = Vec::new();
+    for (j, c) in sc.channels.iter().enumerate() {
+        let faulty = !c.faults.is_empty();
+        let fault_start = c.faults.iter().map(|f| f.start_s).reduce(f64::min);
+        let fault_end = c.faults.iter().map(|f| f.end_s).reduce(f64::max);
+        let mv = moves(&hermes.alerts, &c.id, sc.start_ms);
+        let first = |pred: &dyn Fn(&Move) -> bool, after: f64| {
+            mv.iter().find(|m| m.t_s >= after && pred(m)).map(|m| m.t_s)
+        };
+        let detect_s = fault_start
+            .and_then(|fs| first(&|m| m.to != "HEALTHY" && m.from != m.to, fs).map(|t| t - fs));
+        let drain_s = fault_start.and_then(|fs| first(&|m| m.to == "DRAINED", fs).map(|t| t - fs));
+        let recover_s = fault_end.and_then(|fe| {
+            let state_at_end = mv
+                .iter()
+                .rfind(|m| m.t_s < fe)
+                .map_or("HEALTHY", |m| m.to.as_str());
+            if state_at_end == "HEALTHY" {
+                Some(0.0)
+            } else {
+                first(&|m| m.to == "HEALTHY", fe).map(|t| t - fe)
+            }
+        });
+        let mut flaps = 0;
+        let mut downs = 0;
+        let mut went_up = false;
+        for m in &mv {
+            if m.down {
+                if downs > 0 && went_up {
+                    flaps += 1;
+                }
+                downs += 1;
+                went_up = false;
+            } else if m.up {
+                went_up = true;
+            }
+        }
+        let drains = mv
+            .iter()
+            .filter(|m| m.to == "DRAINED" && m.from != "DRAINED" && m.from != "OBSERVING")
+            .count() as u32;
+        let mut longest_at_risk: f64 = 0.0;
+        let mut entered: Option<f64> = None;
+        for m in &mv {
+            if m.to == "AT_RISK" && m.from != "AT_RISK" {
+                entered = Some(m.t_s);
+            } else if m.from == "AT_RISK" && m.to != "AT_RISK" {
+                if let Some(e) = entered.take() {
+                    longest_at_risk = longest_at_risk.max(m.t_s - e);
+                }
+            }
+        }
+        if let Some(e) = entered {
+            longest_at_risk = longest_at_risk.max(sc.duration_s - e);
+        }
+        let run = &hermes.channels[j];
+        let nth_failure_to_drain_s = run.nth_failure_s.and_then(|nth| {
+            mv.iter()
+                .find(|m| m.to == "DRAINED" && m.t_s >= nth - 1e-6)
+                .map(|m| m.t_s - nth)
+        });
+        channels.push(ChannelReport {
+            id: c.id.clone(),
+            faulty,
+            fault_start_s: fault_start,
+            fault_end_s: fault_end,
+            detect_s,
+            drain_s,
+            recover_s,
+            flaps,
+            false_drain: !faulty && drains > 0,
+            drains,
+            overload_s: run.overload_s,
+            nth_failure_to_drain_s,
+            longest_at_risk_s: longest_at_risk,
+            served: run.served,
+            bad: run.bad,
+        });
+    }
+    let mut alerts = BTreeMap::new();
+    for a in &hermes.alerts {
+        *alerts.entry(a.kind.as_str().to_string()).or_insert(0) += 1;
+    }
+    Report {
+        scenario: sc.name.clone(),
+        duration_s: sc.duration_s,
+        seed,
+        channels,
+        bad_requests: hermes.channels.iter().map(|c| c.bad).sum(),
+        bad_requests_static: static_run.channels.iter().map(|c| c.bad).sum(),
+        spend: round2(hermes.spend),
+        spend_baseline: round2(baseline.spend),
+        budget: sc
+            .budget_per_hour
+            .map(|b| round2(b * sc.duration_s / 3600.0)),
+        overload_s: hermes.overload_s,
+        requests: hermes.requests,
+        shed: hermes.shed,
+        events: hermes.events,
+        alerts,
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// The human-readable table.
+pub fn table(r: &Report) -> String {
+    let mut s = format!(
+        "scenario {} ({} s simulated, seed {})\n\n",
+        r.scenario, r.duration_s, r.seed
+    );
+    s.push_str(&format!(
+        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>11} {:>9} {:>8}\n",
+        "channel",
+        "faulty",
+        "fault_s",
+        "detect_s",
+        "drain_s",
+        "recov_s",
+        "nth→drn",
+        "flaps",
+        "drains",
+        "false_drain",
+        "served",
+        "bad"
+    ));
+    for c in &r.channels {
+        let window = match (c.fault_start_s, c.fault_end_s) {
+            (Some(a), Some(b)) => format!("{a:.0}-{b:.0}"),
+            _ => "-".into(),
+        };
+        s.push_str(&format!(
+            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>11} {:>9} {:>8}\n",
+            c.id,
+            c.faulty,
+            window,
+            opt(c.detect_s),
+            opt(c.drain_s),
+            opt(c.recover_s),
+            opt(c.nth_failure_to_drain_s),
+            c.flaps,
+            c.drains,
+            c.false_drain,
+            c.served,
+            c.bad
+        ));
+    }
+    let ratio = if r.bad_requests_static > 0 {
+        format!(
+            "{:.1} %",
+            100.0 * r.bad_requests as f64 / r.bad_requests_static as f64
+        )
+    } else {
+        "n/a".into()
+    };
+    s.push_str(&format!(
+        "\nbad requests: {} with Hermes vs {} with static weights ({ratio})\n",
+        r.bad_requests, r.bad_requests_static
+    ));
+    s.push_str(&format!(
+        "spend: {:.2} (no-fault baseline {:.2}{})\n",
+        r.spend,
+        r.spend_baseline,
+        r.budget
+            .map_or(String::new(), |b| format!(", budget {b:.2}"))
+    ));
+    s.push_str(&format!(
+        "overload: {} s; requests {}, shed {}, events {}\n",
+        r.overload_s, r.requests, r.shed, r.events
+    ));
+    let alerts: Vec<String> = r.alerts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    s.push_str(&format!("alerts: {}\n", alerts.join(", ")));
+    s
+}
+
+fn state_color(s: crate::state::StateKind) -> &'static str {
+    use crate::state::StateKind::*;
+    match s {
+        Healthy => "#2e9e4f",
+        AtRisk => "#e0a800",
+        Drained => "#c0392b",
+        Observing => "#8e44ad",
+        Recovering => "#2980b9",
+    }
+}
+
+/// A self-contained HTML page: per channel, health weight, traffic share and
+/// score over time, the state as a colored band, the fault window shaded.
+pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String {
+    let w = 1000.0;
+    let h = 140.0;
+    let band = 14.0;
+    let dur = sc.duration_s.max(1.0);
+    let x = |t: f64| 40.0 + (t / dur) * (w - 60.0);
+    let y = |v: f64| 10.0 + (1.0 - v.clamp(0.0, 1.0)) * (h - 20.0);
+    let mut out = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Hermes drill</title><style>\
+         body{font-family:sans-serif;margin:20px;color:#222} h2{margin:18px 0 4px;font-size:16px}\
+         .legend span{display:inline-block;margin-right:14px;font-size:13px} pre{background:#f6f6f6;padding:8px;font-size:12px}\
+         </style></head><body>",
+    );
+    out.push_str(&format!(
+        "<h1>Drill: {}</h1><p>{}</p>",
+        esc(&sc.name),
+        esc(&sc.description)
+    ));
+    out.push_str("<div class=\"legend\"><span style=\"color:#111\">&#9644; health weight</span><span style=\"color:#1f77b4\">&#9644; traffic share</span><span style=\"color:#d62728\">&#9644; score</span><span style=\"background:#fde2e2\">&nbsp;fault window&nbsp;</span>");
+    for s in [
+        crate::state::StateKind::Healthy,
+        crate::state::StateKind::AtRisk,
+        crate::state::StateKind::Drained,
+        crate::state::StateKind::Observing,
+        crate::state::StateKind::Recovering,
+    ] {
+        out.push_str(&format!(
+            "<span><span style=\"background:{};\">&nbsp;&nbsp;&nbsp;</span> {}</span>",
+            state_color(s),
+            s
+        ));
+    }
+    out.push_str("</div>");
+    for (j, c) in sc.channels.iter().enumerate() {
+        let samples = &run.channels[j].samples;
+        let stride = (samples.len() / 1500).max(1);
+        out.push_str(&format!(
+            "<h2>{} ({}, capacity {} rps)</h2>",
+            esc(&c.id),
+            c.tier.as_str(),
+            c.capacity_rps
+        ));
+        out.push_str(&format!(
+            "<svg width=\"{w}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">",
+            h + band + 20.0
+        ));
+        for f in &c.faults {
+            out.push_str(&format!(
+                "<rect x=\"{:.1}\" y=\"0\" width=\"{:.1}\" height=\"{}\" fill=\"#fde2e2\"/>",
+                x(f.start_s),
+                (x(f.end_s.min(dur)) - x(f.start_s)).max(1.0),
+                h + band
+            ));
+        }
+        out.push_str(&format!(
+            "<line x1=\"40\" y1=\"{0}\" x2=\"{1}\" y2=\"{0}\" stroke=\"#bbb\"/>",
+            y(0.0),
+            w - 20.0
+        ));
+        out.push_str(&format!("<text x=\"5\" y=\"{:.0}\" font-size=\"10\">1.0</text><text x=\"5\" y=\"{:.0}\" font-size=\"10\">0</text>", y(1.0) + 4.0, y(0.0)));
+        for i in (0..samples.len()).step_by(stride) {
+            let s = samples[i];
+            let next_t = samples.get(i + stride).map_or(s.t_s + 5.0, |n| n.t_s);
+            out.push_str(&format!(
+                "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.2}\" height=\"{band}\" fill=\"{}\"/>",
+                x(s.t_s),
+                h,
+                (x(next_t) - x(s.t_s)).max(0.5),
+                state_color(s.state)
+            ));
+        }
+        let line = |f: &dyn Fn(&super::Sample) -> Option<f64>, color: &str| {
+            let pts: Vec<String> = samples
+                .iter()
+                .step_by(stride)
+                .filter_map(|s| f(s).map(|v| format!("{:.1},{:.1}", x(s.t_s), y(v))))
+                .collect();
+            format!(
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.3\" points=\"{}\"/>",
+                pts.join(" ")
+            )
+        };
+        out.push_str(&line(&|s| Some(s.health_weight), "#111"));
+        out.push_str(&line(&|s| Some(s.traffic_share), "#1f77b4"));
+        out.push_str(&line(&|s| s.score, "#d62728"));
+        let ticks = 6;
+        for k in 0..=ticks {
+            let t = dur * k as f64 / ticks as f64;
+            out.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\">{:.0} s</text>",
+                x(t),
+                h + band + 14.0,
+                t
+            ));
+        }
+        out.push_str("</svg>");
+    }
+    out.push_str("<h2>Report</h2><pre>");
+    out.push_str(&esc(&table(report)));
+    out.push_str("</pre></body></html>\n");
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
