@@ -362,7 +362,7 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
             let s = samples[i];
             let next_t = samples.get(i + stride).map_or(s.t_s + 5.0, |n| n.t_s);
             out.push_str(&format!(
-                "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.2}\" height=\"{band}\" fill=\"{}\"/>",
+                "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.2}\" height=\"{band}\" fill=\"{}\" shape-rendering=\"crispEdges\"/>",
                 x(s.t_s),
                 h,
                 (x(next_t) - x(s.t_s)).max(0.5),
