@@ -173,9 +173,6 @@ impl Engine {
     pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
         self.by_id.get(id).copied()
     }
-    pub fn channel_id(&self, idx: ChannelIdx) -> &str {
-        &self.channels[idx as usize].cfg.id
-    }
 
     /// Warm once a short window of event time has been seen: before that the
     /// engine's view is too thin to publish (fail static, never "all healthy"

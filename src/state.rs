@@ -45,10 +45,6 @@ impl StateKind {
             StateKind::Recovering => "RECOVERING",
         }
     }
-    /// Numeric code for the Prometheus state gauge.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
 }
 
 impl std::fmt::Display for StateKind {

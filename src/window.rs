@@ -24,7 +24,7 @@
 //! outcome window is `outcome_window` bytes, the baseline 16 B per point.
 
 use crate::config::EngineConfig;
-use crate::event::{ErrorClass, RequestEvent, TrafficClass};
+use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
 
 /// Counts for one population (real or probe) over one slice or a view.
@@ -403,17 +403,6 @@ impl SliceRing {
         }
         Some((oldest?, newest?))
     }
-
-    /// Requests per traffic class in a view (for demand).
-    pub fn class_requests(&self, now_ms: i64, window_ms: i64) -> [u32; 4] {
-        self.counters(now_ms, window_ms, i64::MIN / 2)
-            .class_requests
-    }
-}
-
-/// Traffic class of an index (inverse of `TrafficClass::index`).
-pub fn class_at(i: usize) -> TrafficClass {
-    TrafficClass::ALL[i]
 }
 
 /// The last N outcomes, however far apart in time (SPEC §4, seed 002).

@@ -145,7 +145,6 @@ struct Request {
 #[derive(Debug, Clone, Copy)]
 struct Completed {
     req: Request,
-    start_ms: i64,
     error: ErrorClass,
     http_status: i32,
     latency_ms: i32,
@@ -239,7 +238,6 @@ fn answer(
     c: &SimChannel,
     base: &Behavior,
     req: &Request,
-    t_ms: i64,
     t_s: f64,
     load_rps: f64,
     faults_on: bool,
@@ -255,7 +253,6 @@ fn answer(
     };
     let mut out = Completed {
         req: *req,
-        start_ms: t_ms,
         error: ErrorClass::None,
         http_status: 200,
         latency_ms: 0,
@@ -431,7 +428,7 @@ pub fn run(
                 .map_or(u32::MAX, |x| x.policy.states.consecutive_failures)
         })
         .collect();
-    let mut streaks = vec![0u32; n];
+    let mut streaks = vec![crate::window::FailureStreak::default(); n];
 
     // The plan's channel order is by id; map plan positions to scenario indices.
     let group = &cfg.groups[0].id;
@@ -476,16 +473,7 @@ pub fn run(
         let frac = (((t_ms - sc.start_ms) as f64 / 1000.0) - current_second as f64).clamp(0.0, 1.0);
         let load = load_rps(&history[j], second_counts[j], frac);
         let t_s = (t_ms - sc.start_ms) as f64 / 1000.0;
-        let done = answer(
-            &sc.channels[j],
-            &bases[j],
-            &req,
-            t_ms,
-            t_s,
-            load,
-            faults_on,
-            rng,
-        );
+        let done = answer(&sc.channels[j], &bases[j], &req, t_s, load, faults_on, rng);
 
         if !req.probe {
             result.channels[j].served += 1;
@@ -604,16 +592,14 @@ pub fn run(
                     }
                     // Fast-path bookkeeping for the report.
                     let j = d.req.channel;
-                    if d.error == ErrorClass::None {
-                        streaks[j] = 0;
-                    } else if d.error.is_hard_failure() {
-                        streaks[j] += 1;
+                    let before = streaks[j].count;
+                    if streaks[j].record(d.error) > before {
                         let at_s = (q.at_ms - sc.start_ms) as f64 / 1000.0;
                         let in_fault = sc.channels[j]
                             .faults
                             .iter()
                             .any(|f| at_s >= f.start_s && at_s < f.end_s);
-                        if streaks[j] >= policies[j]
+                        if streaks[j].count >= policies[j]
                             && in_fault
                             && result.channels[j].nth_failure_s.is_none()
                         {
@@ -639,7 +625,6 @@ pub fn run(
                             what: Pending::Retry(req),
                         }));
                     }
-                    let _ = d.start_ms;
                 }
             }
         }
