@@ -196,6 +196,30 @@ impl AlertRules {
         }
     }
 
+    /// The alert recording an operator putting a whole group in (or out of)
+    /// manual mode. Never deduplicated: it is an action.
+    pub fn group_override(&mut self, group: &str, on: bool, now_ms: i64) -> AlertEvent {
+        AlertEvent {
+            alert_id: self.id(group, AlertKind::Override, now_ms),
+            event_time_ms: now_ms,
+            route_group: group.to_string(),
+            channel_id: None,
+            kind: AlertKind::Override,
+            severity: Severity::P3,
+            from_state: None,
+            to_state: None,
+            reason: format!("manual_mode(on={on})"),
+            score: None,
+            breakdown: BTreeMap::new(),
+            weight: None,
+            message: if on {
+                format!("group {group}: manual mode on, weights frozen by an operator")
+            } else {
+                format!("group {group}: manual mode off, Hermes schedules again")
+            },
+        }
+    }
+
     /// Raises an alarm unless the same (channel, kind) was raised within the
     /// dedup window.
     #[allow(clippy::too_many_arguments)]

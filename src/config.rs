@@ -491,6 +491,13 @@ impl HealthPolicy {
                 );
             }
         }
+        let total: f64 = self.signals.entries().iter().map(|(_, s)| s.weight).sum();
+        if total.is_nan() || total <= 0.0 {
+            v.push(
+                format!("{at}.signals"),
+                "every signal weight is 0: the score could never move",
+            );
+        }
         v.fraction(
             format!("{at}.signals.client_error_weight"),
             self.signals.client_error_weight,
@@ -1243,6 +1250,19 @@ capacity_rps = 40
         let joined = issues(&text).join("\n");
         assert!(joined.contains("groups[1] (other).channels[0] (free-a).id: duplicate channel id"));
         assert!(joined.contains("groups[2] (empty).channels: a group needs at least one channel"));
+    }
+
+    #[test]
+    fn all_zero_weights_are_refused() {
+        let mut text = MINIMAL.to_string();
+        for (name, _) in HealthPolicy::default().signals.entries() {
+            text.push_str(&format!("[policy.signals.{name}]\nweight = 0.0\n"));
+        }
+        let joined = issues(&text).join("\n");
+        assert!(
+            joined.contains("policy.signals: every signal weight is 0"),
+            "{joined}"
+        );
     }
 
     #[test]

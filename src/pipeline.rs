@@ -434,6 +434,17 @@ impl Engine {
         true
     }
 
+    /// Records an operator's group manual-mode switch as an alert.
+    pub fn record_group_override(
+        &mut self,
+        group: &str,
+        on: bool,
+        now_ms: i64,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        out.push(self.rules.group_override(group, on, now_ms));
+    }
+
     /// The state machine of a channel (read-only).
     pub fn machine(&self, idx: ChannelIdx) -> &StateMachine {
         &self.channels[idx as usize].machine
@@ -521,6 +532,18 @@ impl Pipeline {
             next_plan_ms: None,
             replans: 0,
         }
+    }
+
+    /// Puts a route group in (or out of) manual mode (SPEC §5): its plan
+    /// freezes until switched off, and the switch is recorded as an alert.
+    /// Returns false for an unknown group.
+    pub fn set_manual(&mut self, group: &str, on: bool, now_ms: i64) -> bool {
+        if !self.scheduler.set_manual(group, on) {
+            return false;
+        }
+        self.engine
+            .record_group_override(group, on, now_ms, &mut self.alerts);
+        true
     }
 
     /// Number of re-planning rounds so far (callers compare it to notice one).
@@ -718,6 +741,50 @@ mod tests {
         assert!(!e.is_warm());
         healthy(&mut e, T0 + 59_000, T0 + 61_000, 5, &mut out);
         assert!(e.is_warm());
+    }
+
+    #[test]
+    fn group_manual_mode_freezes_the_plan_and_is_recorded() {
+        let cfg = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        ));
+        let mut p = Pipeline::new(cfg);
+        let mut t = T0;
+        while t < T0 + 120_000 {
+            p.apply(&ev("free-a", t)).unwrap();
+            p.apply(&ev("paid-a", t)).unwrap();
+            t += 100;
+        }
+        let before = p.scheduler.plan("chat").unwrap().clone();
+        assert!(p.set_manual("chat", true, t));
+        assert!(!p.set_manual("nope", true, t));
+        let a = p.alerts.last().unwrap();
+        assert_eq!(
+            (a.kind, a.channel_id.as_deref()),
+            (AlertKind::Override, None)
+        );
+        assert_eq!(a.reason, "manual_mode(on=true)");
+        // The free channel goes down hard; the frozen plan does not follow.
+        for i in 0..5 {
+            let mut x = ev("free-a", t + i);
+            x.error_class = ErrorClass::ConnectionReset;
+            p.apply(&x).unwrap();
+        }
+        p.advance_to(t + 30_000);
+        let frozen = p.scheduler.plan("chat").unwrap();
+        assert!(frozen.manual && frozen.same_routing(&before));
+        p.set_manual("chat", false, t + 30_000);
+        p.advance_to(t + 40_000);
+        let live = p.scheduler.plan("chat").unwrap();
+        assert_eq!(
+            live.weight(TrafficClass::Core, "free-a"),
+            0.0,
+            "drained once manual mode ends"
+        );
     }
 
     #[test]

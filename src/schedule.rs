@@ -947,11 +947,15 @@ mod tests {
 
     #[test]
     fn free_drained_paid_absorbs_only_what_fits_highest_priority_first() {
-        // Free carries 100 rps; paid has room for only 40 % of it.
+        // 100 rps: free carries 90 (trust 0.9), paid 10 with capacity
+        // 57.5 × 0.8 = 46, i.e. room for 36 more: 40 % of free's traffic.
         let mut g = group(
-            vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 50.0, 0.1)],
-            [20.0, 30.0, 40.0, 20.0],
+            vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 57.5, 0.1)],
+            [20.0, 30.0, 40.0, 10.0],
         );
+        let healthy = run(&g);
+        assert!(close(healthy.channels[0].planned_rps, 90.0));
+        assert!(close(healthy.channels[1].planned_rps, 10.0));
         set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
         let p = run(&g);
         let paid = &p.channels[1];
@@ -959,9 +963,10 @@ mod tests {
             paid.planned_rps <= paid.cap_rps + 1e-9,
             "never over capacity × headroom"
         );
-        assert!(close(paid.planned_rps, 40.0));
+        assert!(close(paid.planned_rps, 46.0));
+        // Highest priority first: interactive whole, core 26 of 30, the rest shed.
         assert_eq!(p.class(Interactive).shed, 0.0);
-        assert!(close(p.class(Core).shed, 1.0 - 20.0 / 30.0));
+        assert!(close(p.class(Core).shed, 4.0 / 30.0));
         assert!(close(p.class(Batch).shed, 1.0));
         assert!(close(p.class(Experimental).shed, 1.0));
         assert_eq!(paid.reason, ShareReason::CapacityCap);
