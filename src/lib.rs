@@ -30,13 +30,19 @@
 //! - `sim`: the closed-loop fault simulator and drill report; it drives the
 //!   same `pipeline::Pipeline` the service runs.
 //!
-//! The **shell** (`main.rs`) translates between the world and engine calls.
+//! The **shell** translates between the world and engine calls:
+//! - `publish`: the weight snapshot format and key names (pure), and
+//!   `publish::redis`, the fenced Lua write with retries.
+//! - `client`: the gateway-side reader with O(1) weighted picks.
+//! - `main.rs`: the CLI.
 
 pub mod alert;
+pub mod client;
 pub mod codec;
 pub mod config;
 pub mod event;
 pub mod pipeline;
+pub mod publish;
 pub mod replay;
 pub mod schedule;
 pub mod score;

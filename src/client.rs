@@ -1,0 +1,374 @@
+//! The gateway-side client: reads a group's weight snapshot, keeps it fresh,
+//! and picks a channel for a request in O(1).
+//!
+//! A background task reads the snapshot with one `GET` at start, again on
+//! every `PUBLISH` to the group's change channel, and every
+//! `refresh_interval` in case a message was missed. Each good read is parsed
+//! into a [`RoutingTable`] (one Vose alias table per traffic class) and
+//! swapped in atomically behind an `Arc`; readers never block writers for
+//! longer than a pointer copy. A snapshot older (by epoch, then version) than
+//! the current one is ignored. While Redis is unreachable the task retries
+//! with backoff and the last table keeps serving (fail static);
+//! [`WeightClient::status`] reports its age so the gateway can alarm.
+
+use crate::event::TrafficClass;
+use crate::publish::{changed_channel, redact_url, snapshot_key, WeightSnapshot};
+use futures_util::StreamExt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Walker/Vose alias table: O(n) to build, O(1) to sample.
+#[derive(Debug, Clone)]
+struct AliasTable {
+    channels: Vec<String>,
+    prob: Vec<f64>,
+    alias: Vec<usize>,
+}
+
+impl AliasTable {
+    fn new(weights: &[(String, f64)]) -> Option<AliasTable> {
+        let positive: Vec<&(String, f64)> = weights
+            .iter()
+            .filter(|(_, w)| *w > 0.0 && w.is_finite())
+            .collect();
+        let total: f64 = positive.iter().map(|(_, w)| w).sum();
+        if positive.is_empty() || total <= 0.0 {
+            return None;
+        }
+        let n = positive.len();
+        let mut scaled: Vec<f64> = positive.iter().map(|(_, w)| w / total * n as f64).collect();
+        let mut prob = vec![0.0; n];
+        let mut alias = vec![0; n];
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..n).partition(|i| scaled[*i] < 1.0);
+        // Peek both stacks before popping: popping `small` while `large` is
+        // empty would drop an entry (float error can leave a last "large"
+        // entry at 0.999…, moving it to `small` with nothing left to pair).
+        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
+            small.pop();
+            prob[s] = scaled[s];
+            alias[s] = l;
+            scaled[l] -= 1.0 - scaled[s];
+            if scaled[l] < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        for i in small.into_iter().chain(large) {
+            prob[i] = 1.0;
+        }
+        Some(AliasTable {
+            channels: positive.iter().map(|(c, _)| c.clone()).collect(),
+            prob,
+            alias,
+        })
+    }
+
+    fn sample(&self, u1: f64, u2: f64) -> &str {
+        let n = self.channels.len();
+        let i = ((u1 * n as f64) as usize).min(n - 1);
+        let j = if u2 < self.prob[i] { i } else { self.alias[i] };
+        &self.channels[j]
+    }
+}
+
+/// What to do with one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick<'a> {
+    Channel(&'a str),
+    /// Shed (or queue) it: capacity is short for this class.
+    Shed,
+    /// Nothing to route to: no snapshot yet, or the class has no channel.
+    NoRoute,
+}
+
+/// A snapshot ready for O(1) picks.
+#[derive(Debug, Clone)]
+pub struct RoutingTable {
+    pub snapshot: WeightSnapshot,
+    classes: [Option<AliasTable>; 4],
+    shed: [f64; 4],
+}
+
+impl RoutingTable {
+    pub fn new(snapshot: WeightSnapshot) -> RoutingTable {
+        let mut classes: [Option<AliasTable>; 4] = Default::default();
+        let mut shed = [0.0; 4];
+        for class in TrafficClass::ALL {
+            if let Some(c) = snapshot.classes.get(class.as_str()) {
+                let w: Vec<(String, f64)> =
+                    c.weights.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                classes[class.index()] = AliasTable::new(&w);
+                shed[class.index()] = c.shed.clamp(0.0, 1.0);
+            }
+        }
+        RoutingTable {
+            snapshot,
+            classes,
+            shed,
+        }
+    }
+
+    /// Picks a channel for a request of `class`, from three uniform numbers
+    /// in [0, 1) supplied by the caller (its own RNG: this type holds none).
+    pub fn pick(&self, class: TrafficClass, u_shed: f64, u1: f64, u2: f64) -> Pick<'_> {
+        if u_shed < self.shed[class.index()] {
+            return Pick::Shed;
+        }
+        match &self.classes[class.index()] {
+            Some(t) => Pick::Channel(t.sample(u1, u2)),
+            None => Pick::NoRoute,
+        }
+    }
+}
+
+/// How fresh the client's view is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientStatus {
+    /// Version and epoch of the table in use, if any.
+    pub version: Option<u64>,
+    pub epoch: Option<u64>,
+    /// Milliseconds since the writer's last heartbeat (wall time).
+    pub snapshot_age_ms: Option<i64>,
+    /// Milliseconds since the client last reached Redis.
+    pub since_last_read_ms: Option<i64>,
+    /// Failed reads so far.
+    pub read_errors: u64,
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Re-read this often even without a change message.
+    pub refresh_interval: Duration,
+    /// Per-command timeout.
+    pub timeout: Duration,
+    /// Longest backoff between reconnects.
+    pub max_backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            refresh_interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+struct Shared {
+    table: RwLock<Option<Arc<RoutingTable>>>,
+    last_read_ms: AtomicI64,
+    read_errors: AtomicU64,
+}
+
+impl Shared {
+    /// Swaps in a newer snapshot; ignores older ones (by epoch, version).
+    fn offer(&self, snap: WeightSnapshot) {
+        let table = Arc::new(RoutingTable::new(snap));
+        let mut guard = match self.table.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let newer = guard
+            .as_ref()
+            .is_none_or(|cur| !table.snapshot.is_older_than(&cur.snapshot));
+        if newer {
+            *guard = Some(table);
+        }
+    }
+}
+
+/// A gateway's handle on one group's weights. Cheap to clone.
+#[derive(Clone)]
+pub struct WeightClient {
+    shared: Arc<Shared>,
+    task: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for WeightClient {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.task) == 1 {
+            self.task.abort();
+        }
+    }
+}
+
+impl WeightClient {
+    /// Starts the background reader for `group`. Returns at once; the first
+    /// table arrives as soon as Redis answers (see [`WeightClient::table`]).
+    pub fn start(url: &str, group: &str, opts: ClientOptions) -> Result<WeightClient, String> {
+        let client = redis::Client::open(url)
+            .map_err(|e| format!("bad redis url {}: {e}", redact_url(url)))?;
+        let shared = Arc::new(Shared {
+            table: RwLock::new(None),
+            last_read_ms: AtomicI64::new(0),
+            read_errors: AtomicU64::new(0),
+        });
+        let task = tokio::spawn(run(
+            client,
+            group.to_string(),
+            opts,
+            shared.clone(),
+            redact_url(url),
+        ));
+        Ok(WeightClient {
+            shared,
+            task: Arc::new(task),
+        })
+    }
+
+    /// The table in use (the last good snapshot), if any.
+    pub fn table(&self) -> Option<Arc<RoutingTable>> {
+        match self.shared.table.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Freshness of the view.
+    pub fn status(&self) -> ClientStatus {
+        let now = now_ms();
+        let table = self.table();
+        let last = self.shared.last_read_ms.load(Ordering::Relaxed);
+        ClientStatus {
+            version: table.as_ref().map(|t| t.snapshot.version),
+            epoch: table.as_ref().map(|t| t.snapshot.epoch),
+            snapshot_age_ms: table.as_ref().map(|t| now - t.snapshot.heartbeat_ms),
+            since_last_read_ms: (last > 0).then(|| now - last),
+            read_errors: self.shared.read_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+async fn read_once(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    shared: &Shared,
+) -> Result<(), String> {
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    shared.last_read_ms.store(now_ms(), Ordering::Relaxed);
+    if let Some(raw) = raw {
+        match serde_json::from_str::<WeightSnapshot>(&raw) {
+            Ok(snap) => shared.offer(snap),
+            // A snapshot this client cannot parse must not replace a good one.
+            Err(e) => return Err(format!("undecodable snapshot at {key}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// The reader loop: connect, subscribe, read; on any error back off and
+/// start over, keeping the last table.
+async fn run(
+    client: redis::Client,
+    group: String,
+    opts: ClientOptions,
+    shared: Arc<Shared>,
+    url: String,
+) {
+    let key = snapshot_key(&group);
+    let channel = changed_channel(&group);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let session = async {
+            let cfg = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(opts.timeout))
+                .set_response_timeout(Some(opts.timeout));
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut pubsub = tokio::time::timeout(opts.timeout, client.get_async_pubsub())
+                .await
+                .map_err(|_| "pubsub connect timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+            pubsub
+                .subscribe(&channel)
+                .await
+                .map_err(|e| e.to_string())?;
+            read_once(&mut conn, &key, &shared).await?;
+            let mut messages = pubsub.into_on_message();
+            let mut tick = tokio::time::interval(opts.refresh_interval);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    msg = messages.next() => {
+                        if msg.is_none() {
+                            return Err::<(), String>("subscription closed".into());
+                        }
+                        read_once(&mut conn, &key, &shared).await?;
+                    }
+                    _ = tick.tick() => read_once(&mut conn, &key, &shared).await?,
+                }
+            }
+        };
+        if let Err(e) = session.await {
+            shared.read_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(redis = %url, group = %group, error = %e, "weight client lost redis; serving the last snapshot");
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(opts.max_backoff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_sampling_matches_the_weights() {
+        let w = vec![
+            ("a".to_string(), 0.1),
+            ("b".to_string(), 0.6),
+            ("c".to_string(), 0.3),
+            ("d".to_string(), 0.0),
+        ];
+        let t = AliasTable::new(&w).unwrap();
+        let mut counts = std::collections::BTreeMap::new();
+        let n = 200;
+        // A regular grid over [0,1)² integrates the sampler exactly.
+        for i in 0..n {
+            for j in 0..n {
+                let c = t.sample((i as f64 + 0.5) / n as f64, (j as f64 + 0.5) / n as f64);
+                *counts.entry(c.to_string()).or_insert(0) += 1;
+            }
+        }
+        let total = (n * n) as f64;
+        assert!((counts["a"] as f64 / total - 0.1).abs() < 0.01);
+        assert!((counts["b"] as f64 / total - 0.6).abs() < 0.01);
+        assert!((counts["c"] as f64 / total - 0.3).abs() < 0.01);
+        assert!(!counts.contains_key("d"), "zero weight is never picked");
+        assert!(AliasTable::new(&[("x".into(), 0.0)]).is_none());
+    }
+
+    #[test]
+    fn float_error_never_drops_an_entry() {
+        // 0.3 / 0.7 leaves the second entry at 0.999… after pairing.
+        for (a, b) in [(0.3, 0.7), (0.1, 0.9), (1.0 / 3.0, 2.0 / 3.0), (0.15, 0.85)] {
+            let t = AliasTable::new(&[("a".to_string(), a), ("b".to_string(), b)]).unwrap();
+            let n = 400;
+            let mut hits = 0;
+            for i in 0..n {
+                for j in 0..n {
+                    hits += (t.sample((i as f64 + 0.5) / n as f64, (j as f64 + 0.5) / n as f64)
+                        == "a") as u32;
+                }
+            }
+            let share = hits as f64 / (n * n) as f64;
+            assert!((share - a).abs() < 0.005, "{a}/{b}: share of a {share}");
+        }
+    }
+}

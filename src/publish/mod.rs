@@ -1,0 +1,274 @@
+//! Weight snapshots: what Hermes writes to Redis and gateways read (SPEC §7).
+//!
+//! One key per route group, `hermes:{GROUP}:weights`, holds the whole
+//! snapshot as JSON: every class's weights and shed share, every channel's
+//! state, score and reason, the plan `version`, the writer `epoch`,
+//! `computed_at_ms` (event time of the plan) and `heartbeat_ms` (refreshed
+//! periodically so gateways can tell stable from stale). The braces are Redis
+//! Cluster hash tags: the key and anything else of the group hash to one slot.
+//! There is no TTL: stale beats empty.
+//!
+//! Every write goes through [`FENCED_WRITE_LUA`], which refuses a snapshot
+//! older (by epoch, then version) than the stored one: a zombie writer that
+//! lost its partitions cannot overwrite a newer writer. A new version is
+//! followed by `PUBLISH hermes:{GROUP}:changed <version>`.
+//!
+//! This module is pure (encoding, key names, the script text); the Redis I/O
+//! lives in [`redis`].
+
+pub mod redis;
+
+use crate::schedule::Plan;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The Redis key holding a group's snapshot.
+pub fn snapshot_key(group: &str) -> String {
+    format!("hermes:{{{group}}}:weights")
+}
+
+/// The channel a new version is announced on.
+pub fn changed_channel(group: &str) -> String {
+    format!("hermes:{{{group}}}:changed")
+}
+
+/// One traffic class's routing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassWeights {
+    /// Channel id → weight; sums to 1 unless the class is fully shed.
+    pub weights: BTreeMap<String, f64>,
+    /// Share of this class's requests to shed or queue.
+    pub shed: f64,
+}
+
+/// One channel as operators read it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChannelStatus {
+    pub state: String,
+    pub score: Option<f64>,
+    /// Why it got its share (`schedule::ShareReason`).
+    pub reason: String,
+    pub planned_rps: f64,
+}
+
+/// The whole routing decision of one group, as stored in Redis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightSnapshot {
+    pub group: String,
+    /// Plan version; grows whenever the routing changes.
+    pub version: u64,
+    /// Writer epoch; a new group writer (after a rebalance) takes a higher one.
+    pub epoch: u64,
+    /// Event time the plan was computed at.
+    pub computed_at_ms: i64,
+    /// Wall time of the last write or refresh by the writer.
+    pub heartbeat_ms: i64,
+    /// The group is in manual mode (weights frozen by an operator).
+    pub manual: bool,
+    pub projected_spend_per_hour: f64,
+    /// Class name (`INTERACTIVE`, ...) → routing.
+    pub classes: BTreeMap<String, ClassWeights>,
+    /// Channel id → status.
+    pub channels: BTreeMap<String, ChannelStatus>,
+}
+
+impl WeightSnapshot {
+    /// The snapshot of a plan, for a writer at `epoch`.
+    pub fn from_plan(plan: &Plan, epoch: u64, heartbeat_ms: i64) -> WeightSnapshot {
+        WeightSnapshot {
+            group: plan.group.clone(),
+            version: plan.version,
+            epoch,
+            computed_at_ms: plan.computed_at_ms,
+            heartbeat_ms,
+            manual: plan.manual,
+            projected_spend_per_hour: plan.projected_spend_per_hour,
+            classes: plan
+                .classes
+                .iter()
+                .map(|c| {
+                    (
+                        c.class.as_str().to_string(),
+                        ClassWeights {
+                            weights: c.weights.iter().cloned().collect(),
+                            shed: c.shed,
+                        },
+                    )
+                })
+                .collect(),
+            channels: plan
+                .channels
+                .iter()
+                .map(|c| {
+                    (
+                        c.id.clone(),
+                        ChannelStatus {
+                            state: c.state.as_str().to_string(),
+                            score: c.score,
+                            reason: c.reason.as_str().to_string(),
+                            planned_rps: c.planned_rps,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `self` is older than `other` by (epoch, version).
+    pub fn is_older_than(&self, other: &WeightSnapshot) -> bool {
+        (self.epoch, self.version) < (other.epoch, other.version)
+    }
+}
+
+/// The fenced write. KEYS[1]: the snapshot key. ARGV: epoch, version,
+/// heartbeat_ms, snapshot JSON, change channel. Returns
+/// `{outcome, stored_epoch, stored_version}` with outcome one of `written`
+/// (new version stored and announced), `heartbeat` (same version, newer
+/// heartbeat stored), `unchanged`, `stale` (refused: older than stored).
+pub const FENCED_WRITE_LUA: &str = r#"
+local epoch = tonumber(ARGV[1])
+local version = tonumber(ARGV[2])
+local heartbeat = tonumber(ARGV[3])
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' then
+    local e = tonumber(doc['epoch']) or 0
+    local v = tonumber(doc['version']) or 0
+    if epoch < e or (epoch == e and version < v) then
+      return {'stale', e, v}
+    end
+    if epoch == e and version == v then
+      local h = tonumber(doc['heartbeat_ms']) or 0
+      if heartbeat > h then
+        redis.call('SET', KEYS[1], ARGV[4])
+        return {'heartbeat', e, v}
+      end
+      return {'unchanged', e, v}
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[2])
+return {'written', epoch, version}
+"#;
+
+/// What a fenced write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// A new version was stored and announced.
+    Written,
+    /// The same version's heartbeat was refreshed.
+    Heartbeat,
+    /// Nothing to do: same version, heartbeat not newer.
+    Unchanged,
+    /// Refused: the stored snapshot is newer (a zombie writer).
+    Stale {
+        stored_epoch: u64,
+        stored_version: u64,
+    },
+}
+
+impl WriteOutcome {
+    /// Interprets the script's reply.
+    pub fn from_reply(
+        outcome: &str,
+        stored_epoch: u64,
+        stored_version: u64,
+    ) -> Option<WriteOutcome> {
+        Some(match outcome {
+            "written" => WriteOutcome::Written,
+            "heartbeat" => WriteOutcome::Heartbeat,
+            "unchanged" => WriteOutcome::Unchanged,
+            "stale" => WriteOutcome::Stale {
+                stored_epoch,
+                stored_version,
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// A connection URL with any password replaced, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Tier;
+    use crate::schedule::{plan, ChannelInput, GroupInput};
+    use crate::state::StateKind;
+
+    fn a_plan() -> Plan {
+        let cfg = crate::config::Config::single_group("chat", &[("free-a", Tier::Free, 0.0, 50.0)]);
+        let ch = |id: &str, w: f64| ChannelInput {
+            id: id.into(),
+            state: StateKind::Healthy,
+            health_weight: 1.0,
+            pinned: false,
+            score: Some(0.1),
+            price_per_1k_tokens: 0.0,
+            capacity_rps: 50.0,
+            initial_weight: w,
+            quota_remaining: None,
+            quota_exhausted_in_ms: None,
+            tokens_per_request: None,
+        };
+        let input = GroupInput {
+            group: "chat".into(),
+            now_ms: 42,
+            channels: vec![ch("free-a", 0.3), ch("paid-a", 0.7)],
+            demand_rps: [1.0; 4],
+            budget_per_hour: None,
+            horizon_ms: 3_600_000,
+            warm: true,
+        };
+        plan(&input, &cfg.classes, &cfg.schedule, None, false)
+    }
+
+    #[test]
+    fn keys_carry_the_cluster_hash_tag() {
+        assert_eq!(snapshot_key("chat"), "hermes:{chat}:weights");
+        assert_eq!(changed_channel("chat"), "hermes:{chat}:changed");
+    }
+
+    #[test]
+    fn snapshot_of_a_plan_round_trips_as_json() {
+        let s = WeightSnapshot::from_plan(&a_plan(), 3, 1000);
+        assert_eq!((s.epoch, s.version, s.computed_at_ms), (3, 1, 42));
+        let w = &s.classes["INTERACTIVE"].weights;
+        assert!((w["free-a"] - 0.3).abs() < 1e-9 && (w["paid-a"] - 0.7).abs() < 1e-9);
+        assert_eq!(s.channels["free-a"].state, "HEALTHY");
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<WeightSnapshot>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn ordering_is_by_epoch_then_version() {
+        let mut a = WeightSnapshot::from_plan(&a_plan(), 2, 0);
+        let mut b = a.clone();
+        b.version = 9;
+        assert!(a.is_older_than(&b));
+        a.epoch = 3;
+        assert!(b.is_older_than(&a));
+    }
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+}
