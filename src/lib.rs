@@ -34,12 +34,14 @@
 //! - `publish`: the weight snapshot format and key names (pure), and
 //!   `publish::redis`, the fenced Lua write with retries.
 //! - `client`: the gateway-side reader with O(1) weighted picks.
+//! - `demo`: the embedded end-to-end run (in-process Kafka mock cluster).
 //! - `main.rs`: the CLI.
 
 pub mod alert;
 pub mod client;
 pub mod codec;
 pub mod config;
+pub mod demo;
 pub mod event;
 pub mod pipeline;
 pub mod publish;

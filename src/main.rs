@@ -26,6 +26,26 @@ enum Command {
         /// The TOML config file.
         file: PathBuf,
     },
+    /// Run the whole loop on this machine with nothing installed: an
+    /// in-process Kafka mock cluster, simulated gateways producing Avro
+    /// events (a fault after a minute), the engine and scheduler consuming
+    /// them, weights published in process (or to Redis), a live status table.
+    Demo {
+        /// Wall-clock seconds to run.
+        #[arg(long, default_value_t = 180)]
+        seconds: u64,
+        /// Publish weights to this Redis (e.g. redis://127.0.0.1:6379/) and
+        /// have the gateways read them from there.
+        #[arg(long)]
+        redis: Option<String>,
+        /// Another scenario for the gateways and channels (default:
+        /// scenarios/demo.toml, built in).
+        #[arg(long)]
+        scenario: Option<PathBuf>,
+        /// Append status tables instead of redrawing the screen.
+        #[arg(long)]
+        plain: bool,
+    },
     /// Replay a fault scenario on a simulated clock through the engine and
     /// scheduler, closed loop, and report time to detect / drain / recover,
     /// flaps, false drains, harm and cost.
@@ -188,6 +208,45 @@ fn replay(events: &Path, config: &Path, json: bool) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+fn demo(
+    seconds: u64,
+    redis: Option<String>,
+    scenario: Option<&Path>,
+    plain: bool,
+) -> anyhow::Result<ExitCode> {
+    let text = match scenario {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => include_str!("../scenarios/demo.toml").to_string(),
+    };
+    let sc = Scenario::from_toml(&text).map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    use std::io::IsTerminal;
+    let summary = runtime.block_on(hermes::demo::run(hermes::demo::DemoOptions {
+        scenario: sc,
+        seconds,
+        redis_url: redis,
+        redraw: !plain && std::io::stdout().is_terminal(),
+        show_status: true,
+        garbage_every: 500,
+    }))?;
+    println!(
+        "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}",
+        summary.produced,
+        summary.garbage_sent,
+        summary.consumed,
+        summary.applied,
+        summary.dead_lettered,
+        summary.alerts_produced,
+        summary.snapshot_versions
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -198,6 +257,12 @@ fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     match &cli.command {
         Command::CheckConfig { file } => check_config(file),
+        Command::Demo {
+            seconds,
+            redis,
+            scenario,
+            plain,
+        } => demo(*seconds, redis.clone(), scenario.as_deref(), *plain),
         Command::Simulate {
             scenario,
             config,

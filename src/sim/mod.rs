@@ -132,30 +132,73 @@ pub struct RunResult {
 
 /// An attempt in flight or waiting to be retried.
 #[derive(Debug, Clone, Copy)]
-struct Request {
-    class: TrafficClass,
-    long: bool,
-    structured: bool,
-    probe: bool,
-    attempt: i32,
+pub(crate) struct Request {
+    pub(crate) class: TrafficClass,
+    pub(crate) long: bool,
+    pub(crate) structured: bool,
+    pub(crate) probe: bool,
+    pub(crate) attempt: i32,
     /// Channel index (fixed for probes; chosen at dispatch otherwise).
-    channel: usize,
+    pub(crate) channel: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Completed {
-    req: Request,
-    error: ErrorClass,
-    http_status: i32,
-    latency_ms: i32,
-    ttfb_ms: Option<i32>,
-    input_tokens: i32,
-    output_tokens: i32,
-    truncated: bool,
-    schema_valid: Option<bool>,
-    replacement_chars: i32,
-    cost: f64,
-    harmed: bool,
+pub(crate) struct Completed {
+    pub(crate) req: Request,
+    pub(crate) error: ErrorClass,
+    pub(crate) http_status: i32,
+    pub(crate) latency_ms: i32,
+    pub(crate) ttfb_ms: Option<i32>,
+    pub(crate) input_tokens: i32,
+    pub(crate) output_tokens: i32,
+    pub(crate) truncated: bool,
+    pub(crate) schema_valid: Option<bool>,
+    pub(crate) replacement_chars: i32,
+    pub(crate) cost: f64,
+    pub(crate) harmed: bool,
+}
+
+impl Completed {
+    /// The request event a gateway emits for this attempt.
+    pub(crate) fn event<'a>(
+        &self,
+        event_id: &'a str,
+        event_time_ms: i64,
+        channel_id: &'a str,
+        route_group: &'a str,
+        gateway_id: &'a str,
+    ) -> RequestEvent<'a> {
+        RequestEvent {
+            event_id,
+            event_time_ms,
+            gateway_id,
+            channel_id,
+            route_group,
+            model: "sim-model",
+            traffic_class: self.req.class,
+            attempt: self.req.attempt,
+            http_status: self.http_status,
+            error_class: self.error,
+            latency_ms: self.latency_ms,
+            ttfb_ms: self.ttfb_ms,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            finish_reason: if self.error != ErrorClass::None {
+                FinishReason::Error
+            } else if self.truncated {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            },
+            truncated: self.truncated,
+            schema_valid: self.schema_valid,
+            replacement_chars: self.replacement_chars,
+            is_probe: self.req.probe,
+            cost: self.cost,
+            quota_remaining: None,
+            trace_id: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -234,7 +277,7 @@ fn behavior_at<'c>(
 
 /// How one channel answers one attempt.
 #[allow(clippy::too_many_arguments)]
-fn answer(
+pub(crate) fn answer(
     c: &SimChannel,
     base: &Behavior,
     req: &Request,
@@ -543,36 +586,7 @@ pub fn run(
                     id_buf.clear();
                     use std::fmt::Write;
                     let _ = write!(id_buf, "sim-{}", q.seq);
-                    let ev = RequestEvent {
-                        event_id: &id_buf,
-                        event_time_ms: q.at_ms,
-                        gateway_id: "sim-gw",
-                        channel_id: &c.id,
-                        route_group: &sc.gateway.group,
-                        model: "sim-model",
-                        traffic_class: d.req.class,
-                        attempt: d.req.attempt,
-                        http_status: d.http_status,
-                        error_class: d.error,
-                        latency_ms: d.latency_ms,
-                        ttfb_ms: d.ttfb_ms,
-                        input_tokens: d.input_tokens,
-                        output_tokens: d.output_tokens,
-                        finish_reason: if d.error != ErrorClass::None {
-                            FinishReason::Error
-                        } else if d.truncated {
-                            FinishReason::Length
-                        } else {
-                            FinishReason::Stop
-                        },
-                        truncated: d.truncated,
-                        schema_valid: d.schema_valid,
-                        replacement_chars: d.replacement_chars,
-                        is_probe: d.req.probe,
-                        cost: d.cost,
-                        quota_remaining: None,
-                        trace_id: None,
-                    };
+                    let ev = d.event(&id_buf, q.at_ms, &c.id, &sc.gateway.group, "sim-gw");
                     buf.clear();
                     if encoder.encode_plain(&ev, &mut buf).is_err() {
                         result.decode_errors += 1;
