@@ -271,7 +271,7 @@ impl AlertRules {
     ) {
         let total = signals.short_real.requests + signals.short_probe.requests;
         if let Some(r) = signals.rate_limited_rate {
-            if r > self.cfg.rate_limit_spike && total >= 20 {
+            if r > self.cfg.rate_limit_spike && total >= self.cfg.rate_limit_min_samples {
                 self.alarm(
                     who,
                     AlertKind::RateLimitSpike,

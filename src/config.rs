@@ -638,6 +638,8 @@ pub struct AlertConfig {
     pub probe_failures_p1: u32,
     /// A 429 share above this raises a rate-limit spike alert.
     pub rate_limit_spike: f64,
+    /// ... once at least this many attempts are behind the share.
+    pub rate_limit_min_samples: u32,
     /// Quota forecast to run out within this raises a quota alert.
     pub quota_alert_ms: i64,
 }
@@ -650,6 +652,7 @@ impl Default for AlertConfig {
             p1_p99_ms: 800.0,
             probe_failures_p1: 6,
             rate_limit_spike: 0.05,
+            rate_limit_min_samples: 20,
             quota_alert_ms: 1_800_000,
         }
     }
