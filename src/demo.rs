@@ -183,14 +183,7 @@ async fn gateways(
         for (j, next) in next_probe.iter_mut().enumerate() {
             if sc.gateway.probe_interval_s > 0.0 && *next <= t_s {
                 *next = t_s + sc.gateway.probe_interval_s;
-                requests.push(Request {
-                    class: TrafficClass::Core,
-                    long: false,
-                    structured: true,
-                    probe: true,
-                    attempt: 0,
-                    channel: j,
-                });
+                requests.push(Request::probe(j));
             }
         }
         for req in requests {

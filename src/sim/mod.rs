@@ -142,6 +142,21 @@ pub(crate) struct Request {
     pub(crate) channel: usize,
 }
 
+impl Request {
+    /// A gateway's health probe to channel `channel`: a small structured
+    /// request with a fixed answer shape (seed 000's "fixed questions").
+    pub(crate) fn probe(channel: usize) -> Request {
+        Request {
+            class: TrafficClass::Core,
+            long: false,
+            structured: true,
+            probe: true,
+            attempt: 0,
+            channel,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Completed {
     pub(crate) req: Request,
@@ -683,16 +698,8 @@ pub fn run(
             for (j, next) in next_probe_s.iter_mut().enumerate() {
                 while *next <= t_s {
                     *next += sc.gateway.probe_interval_s;
-                    let req = Request {
-                        class: TrafficClass::Core,
-                        long: false,
-                        structured: true,
-                        probe: true,
-                        attempt: 0,
-                        channel: j,
-                    };
                     dispatch(
-                        req,
+                        Request::probe(j),
                         t_ms,
                         &mut rng,
                         &mut queue,
