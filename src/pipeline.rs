@@ -285,7 +285,6 @@ impl Engine {
     }
 
     fn evaluate_all(&mut self, now: i64, out: &mut Vec<AlertEvent>) {
-        let lateness = self.cfg.engine.allowed_lateness_ms;
         let short_ms = self.cfg.engine.short_window_ms;
         let silent_after = self.cfg.engine.silent_after_ms;
         let first_event = self.first_event_ms.unwrap_or(now);
@@ -293,7 +292,6 @@ impl Engine {
             self.stats.evaluations += 1;
             let ch = &mut self.channels[idx];
             let policy = ch.cfg.policy.clone();
-            ch.ring.seal_before(now, lateness);
             let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
             let horizon = if ch.machine.kind() == StateKind::Observing {
                 Horizon::Whole

@@ -11,21 +11,29 @@
 //!
 //! Each slice keeps counters for real and probe traffic and t-digests for
 //! latency (real short-input, real long-input, probe), TTFB and output tokens
-//! (real). Digests buffer pushes (tdigest's ~28 ns/value path) and are
-//! compacted to bare centroids once their slice can no longer receive late
-//! events, which releases the push buffer.
+//! (real). Values are staged per channel in five small reused buffers and
+//! merged into the slice's digests 128 at a time (and whenever events move to
+//! another slice, and before any query), so slices hold bare centroids.
 //!
 //! # Memory per channel
 //! Counters: ~200 B per slice. Digests: at most `tdigest_size` centroids of
-//! 16 B each, five per slice, plus one push buffer of `5 × tdigest_size` f64
-//! in the slices still open. With the defaults (60 slices, size 100) the worst
-//! case is 60 × 5 × 1.6 KB + 2 × 5 × 4 KB ≈ 520 KB; a channel at a few
-//! requests per slice holds only as many centroids as values, a few KB. The
-//! outcome window is `outcome_window` bytes, the baseline 16 B per point.
+//! 16 B each, five per slice; staging: 5 × 128 f64 = 5 KB. With the defaults
+//! (60 slices, size 100) the worst case is 60 × 5 × 1.6 KB + 5 KB ≈ 485 KB;
+//! a channel at a few requests per slice holds only as many centroids as
+//! values, a few KB. The outcome window is `outcome_window` bytes, the
+//! baseline 16 B per point.
 
 use crate::config::EngineConfig;
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
+
+/// Staging buffer kinds (see `SliceRing::staged`) and their capacity.
+const STAGE_SHORT: usize = 0;
+const STAGE_LONG: usize = 1;
+const STAGE_PROBE: usize = 2;
+const STAGE_TTFB: usize = 3;
+const STAGE_OUTPUT: usize = 4;
+const STAGE_CAPACITY: usize = 128;
 
 /// Counts for one population (real or probe) over one slice or a view.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -102,8 +110,6 @@ pub enum Digest {
 
 #[derive(Clone)]
 struct Slice {
-    /// Compacted: no further late event can reach it.
-    sealed: bool,
     real: Counters,
     probe: Counters,
     /// Real requests and tokens per traffic class (scheduler demand).
@@ -118,27 +124,9 @@ struct Slice {
     quota: Option<(i64, i64)>,
 }
 
-fn compact(d: &mut TDigest) {
-    d.flush();
-    if d.is_empty() {
-        *d = TDigest::new_with_size(d.max_size());
-        return;
-    }
-    // Rebuild from centroids: drops the push buffer's capacity.
-    *d = TDigest::new(
-        d.centroids().to_vec(),
-        d.sum(),
-        d.count(),
-        d.max(),
-        d.min(),
-        d.max_size(),
-    );
-}
-
 impl Slice {
     fn empty(size: usize) -> Slice {
         Slice {
-            sealed: true,
             real: Counters::default(),
             probe: Counters::default(),
             class_requests: [0; 4],
@@ -152,27 +140,23 @@ impl Slice {
         }
     }
 
+    /// The digest a staging buffer (`STAGED` order) drains into.
+    fn staged_mut(&mut self, k: usize) -> &mut TDigest {
+        match k {
+            0 => &mut self.latency_short,
+            1 => &mut self.latency_long,
+            2 => &mut self.latency_probe,
+            3 => &mut self.ttfb,
+            _ => &mut self.output_tokens,
+        }
+    }
+
     fn digest_mut(&mut self, which: Digest) -> &mut TDigest {
         match which {
             Digest::Latency | Digest::LatencyLong => &mut self.latency_long,
             Digest::LatencyProbe => &mut self.latency_probe,
             Digest::Ttfb => &mut self.ttfb,
             Digest::OutputTokens => &mut self.output_tokens,
-        }
-    }
-
-    fn seal(&mut self) {
-        if !self.sealed {
-            for d in [
-                &mut self.latency_short,
-                &mut self.latency_long,
-                &mut self.latency_probe,
-                &mut self.ttfb,
-                &mut self.output_tokens,
-            ] {
-                compact(d);
-            }
-            self.sealed = true;
         }
     }
 }
@@ -189,8 +173,7 @@ struct MergedView {
 }
 
 impl MergedView {
-    fn add(&mut self, d: &mut TDigest) {
-        d.flush();
+    fn add(&mut self, d: &TDigest) {
         if d.is_empty() {
             return;
         }
@@ -213,7 +196,14 @@ impl MergedView {
             return None;
         }
         // Sorts the centroids; compresses only past max_size.
-        Some(TDigest::new(self.centroids, self.sum, self.count, self.max, self.min, self.max_size))
+        Some(TDigest::new(
+            self.centroids,
+            self.sum,
+            self.count,
+            self.max,
+            self.min,
+            self.max_size,
+        ))
     }
 }
 
@@ -238,6 +228,14 @@ pub struct SliceRing {
     /// of a channel nearly always land in the same slice as the previous one,
     /// and this saves the two 64-bit divisions per event on the hot path.
     last: (i64, i64, usize),
+    /// Values waiting to be merged into the digests of slice `stage.0` in
+    /// slot `stage.1`, per kind (`STAGED` order). One small reused buffer
+    /// per channel instead of t-digest's 5 × size push buffer per digest per
+    /// slice: that allocated tens of MB of fresh memory per thousand
+    /// channels. Drained when full, when events move to another slice, and
+    /// before every query.
+    stage: (i64, usize),
+    staged: [Vec<f64>; 5],
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -252,6 +250,8 @@ impl SliceRing {
             indices: vec![i64::MIN; cfg.ring_slices()],
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
+            stage: (i64::MIN, 0),
+            staged: Default::default(),
             long_input_tokens: cfg.long_input_tokens.min(i32::MAX as u32) as i32,
             short_output_tokens: cfg.short_output_tokens.min(i32::MAX as u32) as i32,
             slow_request_ms: cfg.slow_request_ms.min(i32::MAX as u32) as i32,
@@ -283,6 +283,10 @@ impl SliceRing {
         let long_input_tokens = self.long_input_tokens;
         let short_output_tokens = self.short_output_tokens;
         let slow_request_ms = self.slow_request_ms;
+        if self.stage.0 != index {
+            self.drain_stage();
+            self.stage = (index, slot);
+        }
         if self.indices[slot] != index {
             if self.indices[slot] > index {
                 return false;
@@ -292,7 +296,6 @@ impl SliceRing {
             self.indices[slot] = index;
         }
         let s = &mut self.slices[slot];
-        s.sealed = false;
         if ev.error_class == ErrorClass::Cancelled {
             return true;
         }
@@ -347,33 +350,39 @@ impl SliceRing {
         }
         let latency = ev.latency_ms as f64;
         if ev.is_probe {
-            s.latency_probe.push(latency);
-            return true;
-        }
-        let class = ev.traffic_class.index();
-        s.class_requests[class] += 1;
-        s.class_tokens[class] += tokens;
-        if long {
-            s.latency_long.push(latency);
+            self.staged[STAGE_PROBE].push(latency);
         } else {
-            s.latency_short.push(latency);
+            let class = ev.traffic_class.index();
+            s.class_requests[class] += 1;
+            s.class_tokens[class] += tokens;
+            self.staged[if long { STAGE_LONG } else { STAGE_SHORT }].push(latency);
+            if let Some(ttfb) = ev.ttfb_ms {
+                self.staged[STAGE_TTFB].push(ttfb as f64);
+            }
+            if !failed {
+                self.staged[STAGE_OUTPUT].push(ev.output_tokens as f64);
+            }
         }
-        if let Some(ttfb) = ev.ttfb_ms {
-            s.ttfb.push(ttfb as f64);
-        }
-        if !failed {
-            s.output_tokens.push(ev.output_tokens as f64);
+        if self.staged.iter().any(|v| v.len() >= STAGE_CAPACITY) {
+            self.drain_stage();
         }
         true
     }
 
-    /// Compacts every slice that can no longer receive events (its end is
-    /// older than `watermark - allowed_lateness`).
-    pub fn seal_before(&mut self, watermark_ms: i64, allowed_lateness_ms: i64) {
-        let open_from = self.slice_of(watermark_ms - allowed_lateness_ms);
-        for (s, &index) in self.slices.iter_mut().zip(&self.indices) {
-            if index < open_from && !s.sealed {
-                s.seal();
+    /// Merges the staged values into their slice's digests.
+    fn drain_stage(&mut self) {
+        let (index, slot) = self.stage;
+        let live = index != i64::MIN && self.indices[slot] == index;
+        for (k, values) in self.staged.iter_mut().enumerate() {
+            if values.is_empty() {
+                continue;
+            }
+            if live {
+                let batch = std::mem::replace(values, Vec::with_capacity(STAGE_CAPACITY));
+                let d = self.slices[slot].staged_mut(k);
+                *d = d.merge_unsorted(batch);
+            } else {
+                values.clear();
             }
         }
     }
@@ -413,6 +422,7 @@ impl SliceRing {
         window_ms: i64,
         not_before_ms: i64,
     ) -> Option<TDigest> {
+        self.drain_stage();
         let (first, last) = self.range(now_ms, window_ms, not_before_ms);
         // Gather the view's centroids and build one digest: no per-slice
         // clones (this runs for every channel on every evaluation tick).
@@ -422,7 +432,7 @@ impl SliceRing {
                 continue;
             }
             if which == Digest::Latency {
-                merged.add(&mut s.latency_short);
+                merged.add(&s.latency_short);
             }
             merged.add(s.digest_mut(which));
         }
@@ -638,7 +648,6 @@ mod tests {
             ring.record(&ev_at(t0 + i * 50, (i % 100) as i32 * 10 + 5));
         }
         let now = t0 + 999 * 50;
-        ring.seal_before(now, 10_000);
         let d = ring
             .digest(Digest::Latency, now, 60_000, i64::MIN / 2)
             .unwrap();
