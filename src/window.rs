@@ -140,7 +140,7 @@ impl Slice {
         }
     }
 
-    /// The digest a staging buffer (`STAGED` order) drains into.
+    /// The digest a staging buffer (`STAGE_*` order) drains into.
     fn staged_mut(&mut self, k: usize) -> &mut TDigest {
         match k {
             0 => &mut self.latency_short,
@@ -148,15 +148,6 @@ impl Slice {
             2 => &mut self.latency_probe,
             3 => &mut self.ttfb,
             _ => &mut self.output_tokens,
-        }
-    }
-
-    fn digest_mut(&mut self, which: Digest) -> &mut TDigest {
-        match which {
-            Digest::Latency | Digest::LatencyLong => &mut self.latency_long,
-            Digest::LatencyProbe => &mut self.latency_probe,
-            Digest::Ttfb => &mut self.ttfb,
-            Digest::OutputTokens => &mut self.output_tokens,
         }
     }
 }
@@ -427,14 +418,21 @@ impl SliceRing {
         // Gather the view's centroids and build one digest: no per-slice
         // clones (this runs for every channel on every evaluation tick).
         let mut merged = MergedView::default();
-        for (s, &index) in self.slices.iter_mut().zip(&self.indices) {
+        for (s, &index) in self.slices.iter().zip(&self.indices) {
             if index < first || index > last {
                 continue;
             }
-            if which == Digest::Latency {
-                merged.add(&s.latency_short);
+            match which {
+                // Real latency: the short- and long-input digests together.
+                Digest::Latency => {
+                    merged.add(&s.latency_short);
+                    merged.add(&s.latency_long);
+                }
+                Digest::LatencyLong => merged.add(&s.latency_long),
+                Digest::LatencyProbe => merged.add(&s.latency_probe),
+                Digest::Ttfb => merged.add(&s.ttfb),
+                Digest::OutputTokens => merged.add(&s.output_tokens),
             }
-            merged.add(s.digest_mut(which));
         }
         merged.finish()
     }

@@ -127,7 +127,8 @@ pub struct RunResult {
     /// Seconds in which any channel took more attempts than its capacity.
     pub overload_s: u64,
     pub events: u64,
-    pub decode_errors: u64,
+    /// Events that failed to encode or decode (the codec round trip).
+    pub codec_errors: u64,
 }
 
 /// An attempt in flight or waiting to be retried.
@@ -604,7 +605,7 @@ pub fn run(
                     let ev = d.event(&id_buf, q.at_ms, &c.id, &sc.gateway.group, "sim-gw");
                     buf.clear();
                     if encoder.encode_plain(&ev, &mut buf).is_err() {
-                        result.decode_errors += 1;
+                        result.codec_errors += 1;
                         continue;
                     }
                     if let Some(r) = record.as_deref_mut() {
@@ -616,7 +617,7 @@ pub fn run(
                             Ok(decoded) => {
                                 let _ = pipeline.apply(&decoded);
                             }
-                            Err(_) => result.decode_errors += 1,
+                            Err(_) => result.codec_errors += 1,
                         }
                     }
                     // Fast-path bookkeeping for the report.
