@@ -21,6 +21,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the service: consume request events from Kafka, publish weights
+    /// to Redis and alerts to Kafka (brokers, topics and Redis come from the
+    /// config; see hermes.example.toml). The config is reloaded on change.
+    Run {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a config file; every problem is listed with the key at fault.
     CheckConfig {
         /// The TOML config file.
@@ -247,15 +255,31 @@ fn demo(
     Ok(ExitCode::SUCCESS)
 }
 
+fn run(config: &Path) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(hermes::service::run(config))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    // The service logs its decisions; the interactive commands only warnings.
+    let default_level = match cli.command {
+        Command::Run { .. } => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match &cli.command {
+        Command::Run { config } => run(config),
         Command::CheckConfig { file } => check_config(file),
         Command::Demo {
             seconds,

@@ -69,8 +69,9 @@ pub struct EngineStats {
     pub evaluations: u64,
 }
 
-/// A channel's health as the scheduler and the status view read it.
-#[derive(Debug, Clone, PartialEq)]
+/// A channel's health as the scheduler and the status view read it (and as
+/// partition owners report it on the health topic).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChannelHealth {
     pub id: String,
     pub group: String,
@@ -102,6 +103,32 @@ struct ChannelRuntime {
     signals: Signals,
     last_event_ms: Option<i64>,
     next_baseline_ms: Option<i64>,
+    /// Restored state: up to this event time the machine already reflects
+    /// what a replay feeds the windows, so it does not step again.
+    frozen_until_ms: Option<i64>,
+}
+
+impl ChannelRuntime {
+    fn new(c: &ChannelConfig, e: &crate::config::EngineConfig) -> ChannelRuntime {
+        ChannelRuntime {
+            cfg: c.clone(),
+            ring: SliceRing::new(e),
+            outcomes: OutcomeWindow::new(e.outcome_window),
+            streak: FailureStreak::default(),
+            probe_streak: 0,
+            baseline: Baseline::new(e.baseline_windows),
+            machine: StateMachine::default(),
+            score: None,
+            signals: Signals::default(),
+            last_event_ms: None,
+            next_baseline_ms: None,
+            frozen_until_ms: None,
+        }
+    }
+
+    fn frozen_at(&self, t: i64) -> bool {
+        self.frozen_until_ms.is_some_and(|f| t <= f)
+    }
 }
 
 /// The health engine for a set of channels sharing one watermark.
@@ -131,19 +158,7 @@ impl Engine {
         let mut by_id = ahash::AHashMap::new();
         for c in cfg.channels().filter(|c| owned(c)) {
             by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
-            channels.push(ChannelRuntime {
-                cfg: c.clone(),
-                ring: SliceRing::new(e),
-                outcomes: OutcomeWindow::new(e.outcome_window),
-                streak: FailureStreak::default(),
-                probe_streak: 0,
-                baseline: Baseline::new(e.baseline_windows),
-                machine: StateMachine::default(),
-                score: None,
-                signals: Signals::default(),
-                last_event_ms: None,
-                next_baseline_ms: None,
-            });
+            channels.push(ChannelRuntime::new(c, e));
         }
         Engine {
             rules: AlertRules::new(cfg.alerts.clone()),
@@ -238,6 +253,9 @@ impl Engine {
         let before = ch.streak.count;
         let n = ch.streak.record(ev.error_class);
         let probe_streak = ch.probe_streak;
+        if ch.frozen_at(t) {
+            return Ok(());
+        }
         if n > before {
             let policy = ch.cfg.policy.clone();
             self.scratch.clear();
@@ -325,6 +343,10 @@ impl Engine {
                 }
             }
 
+            if ch.frozen_at(now) {
+                // Replaying what the restored state already reflects.
+                continue;
+            }
             self.scratch.clear();
             let mut scratch = std::mem::take(&mut self.scratch);
             ch.machine.evaluate_with_evidence(
@@ -441,6 +463,63 @@ impl Engine {
         out: &mut Vec<AlertEvent>,
     ) {
         out.push(self.rules.group_override(group, on, now_ms));
+    }
+
+    /// Restores a channel's state machine saved at event time `saved_at_ms`
+    /// (a takeover). Until the watermark passes `saved_at_ms` the machine
+    /// does not step: the events replayed up to there are already reflected
+    /// in it, and only rebuild the windows. Returns false for an unknown
+    /// channel.
+    pub fn restore(&mut self, channel: &str, machine: StateMachine, saved_at_ms: i64) -> bool {
+        let Some(idx) = self.channel_index(channel) else {
+            return false;
+        };
+        let ch = &mut self.channels[idx as usize];
+        ch.machine = machine;
+        ch.frozen_until_ms = Some(saved_at_ms);
+        true
+    }
+
+    /// Whether any event of this channel reached this engine (a partition
+    /// reports only the channels whose events it carries).
+    pub fn has_events(&self, idx: ChannelIdx) -> bool {
+        self.channels[idx as usize].last_event_ms.is_some()
+    }
+
+    /// Swaps in a new config (for an engine that serves every channel of
+    /// it), keeping every surviving channel's windows and state (a hot
+    /// reload). Channels new to the config start empty; removed
+    /// ones are dropped. The window shape (`[engine]`) cannot change while
+    /// running: that needs a restart, and the reload is refused.
+    pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
+        if cfg.engine != self.cfg.engine {
+            return Err(
+                "[engine] settings changed: window shape needs a restart; keeping the running config"
+                    .into(),
+            );
+        }
+        let mut old: ahash::AHashMap<String, ChannelRuntime> = std::mem::take(&mut self.channels)
+            .into_iter()
+            .map(|c| (c.cfg.id.clone(), c))
+            .collect();
+        let mut channels = Vec::new();
+        let mut by_id = ahash::AHashMap::new();
+        for c in cfg.channels() {
+            let mut rt = old
+                .remove(&c.id)
+                .unwrap_or_else(|| ChannelRuntime::new(c, &cfg.engine));
+            rt.cfg = c.clone();
+            by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
+            channels.push(rt);
+        }
+        self.channels = channels;
+        self.by_id = by_id;
+        if cfg.alerts != self.cfg.alerts {
+            // Dedup memory starts over with new alert rules.
+            self.rules = AlertRules::new(cfg.alerts.clone());
+        }
+        self.cfg = cfg;
+        Ok(())
     }
 
     /// The state machine of a channel (read-only).

@@ -26,7 +26,9 @@ use crate::config::StatePolicy;
 use std::collections::VecDeque;
 
 /// The state without its data: for labels, metrics and alert events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum StateKind {
     Healthy,
     AtRisk,
@@ -54,7 +56,7 @@ impl std::fmt::Display for StateKind {
 }
 
 /// A channel's state and the data that state needs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ChannelState {
     Healthy,
     AtRisk {
@@ -174,7 +176,7 @@ impl Change {
 }
 
 /// An operator override (SPEC §5 manual mode).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum PinKind {
     /// Weight 0 whatever the health.
     Drain,
@@ -182,7 +184,7 @@ pub enum PinKind {
     Weight(f64),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Pin {
     pub kind: PinKind,
     /// The pin lapses at this event time; `None` holds until cleared.
@@ -190,7 +192,7 @@ pub struct Pin {
 }
 
 /// The per-channel machine. Cheap to clone (a snapshot for persistence).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StateMachine {
     state: ChannelState,
     over_at_risk: u32,

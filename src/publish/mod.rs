@@ -27,6 +27,11 @@ pub fn snapshot_key(group: &str) -> String {
     format!("hermes:{{{group}}}:weights")
 }
 
+/// The writer-epoch counter of a group (a new writer `INCR`s it).
+pub fn epoch_key(group: &str) -> String {
+    format!("hermes:{{{group}}}:epoch")
+}
+
 /// The channel a new version is announced on.
 pub fn changed_channel(group: &str) -> String {
     format!("hermes:{{{group}}}:changed")

@@ -8,7 +8,8 @@
 //! one they read).
 
 use super::{
-    changed_channel, redact_url, snapshot_key, WeightSnapshot, WriteOutcome, FENCED_WRITE_LUA,
+    changed_channel, epoch_key, redact_url, snapshot_key, WeightSnapshot, WriteOutcome,
+    FENCED_WRITE_LUA,
 };
 use std::time::Duration;
 
@@ -126,6 +127,33 @@ impl RedisPublisher {
                 let err = classify(e);
                 if err.is_retryable() {
                     // Reconnect on the next attempt.
+                    self.conn = None;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Takes the next writer epoch of a group (`INCR hermes:{G}:epoch`) and
+    /// reads the stored snapshot, so a new writer fences every older one
+    /// and continues its version numbers.
+    pub async fn take_epoch(
+        &mut self,
+        group: &str,
+    ) -> Result<(u64, Option<WeightSnapshot>), PublishError> {
+        let mut conn = self.connection().await?;
+        let r: Result<(u64, Option<String>), _> = redis::pipe()
+            .cmd("INCR")
+            .arg(epoch_key(group))
+            .cmd("GET")
+            .arg(snapshot_key(group))
+            .query_async(&mut conn)
+            .await;
+        match r {
+            Ok((epoch, stored)) => Ok((epoch, stored.and_then(|s| serde_json::from_str(&s).ok()))),
+            Err(e) => {
+                let err = classify(e);
+                if err.is_retryable() {
                     self.conn = None;
                 }
                 Err(err)

@@ -1,4 +1,5 @@
 //! Test fixtures: real servers on free loopback ports, stopped by PID.
+#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -99,4 +100,168 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     check()
+}
+
+/// The tansu binary: on PATH or in cargo's bin dir (`bash .ci/run` installs
+/// it when missing).
+pub fn tansu_bin() -> std::path::PathBuf {
+    let home = std::env::var("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cargo")
+        });
+    let candidate = home.join("bin").join("tansu");
+    if candidate.exists() {
+        return candidate;
+    }
+    std::path::PathBuf::from("tansu")
+}
+
+/// A tansu broker with SQLite storage in its own temp dir; SIGKILLed on drop.
+pub struct Tansu {
+    pub port: u16,
+    pub dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl Tansu {
+    /// Starts the broker and creates `topics` (name, partitions).
+    pub fn start(topics: &[(&str, u32)]) -> Tansu {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("hermes-tansu-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.join("broker.log")).expect("broker log");
+        let child = Command::new(tansu_bin())
+            .current_dir(&dir)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("broker log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("tansu could not start ({e}); `bash .ci/run` installs it (cargo install tansu --locked --features libsql)")
+            });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let t = Tansu { port, dir, child };
+        for (name, partitions) in topics {
+            let out = Command::new(tansu_bin())
+                .args([
+                    "topic",
+                    "create",
+                    name,
+                    "--partitions",
+                    &partitions.to_string(),
+                    "--broker",
+                    &url,
+                ])
+                .output()
+                .expect("tansu topic create");
+            assert!(
+                out.status.success(),
+                "creating topic {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        t
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("tansu log kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A `hermes run` process; SIGKILLed on drop.
+pub struct Hermes {
+    pub child: Child,
+    pub http: String,
+    pub log: std::path::PathBuf,
+}
+
+impl Hermes {
+    /// Starts `hermes run` with `config` written to `dir/name.toml`.
+    pub fn start(dir: &std::path::Path, name: &str, config: &str, http_port: u16) -> Hermes {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config).expect("write config");
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_hermes"))
+            .args(["run", "--config"])
+            .arg(&path)
+            .env(
+                "RUST_LOG",
+                std::env::var("HERMES_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("hermes log"))
+            .spawn()
+            .expect("starting hermes run");
+        Hermes {
+            child,
+            http: format!("127.0.0.1:{http_port}"),
+            log,
+        }
+    }
+
+    /// GET a path on the instance's HTTP endpoint.
+    pub fn get(&self, path: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.http).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    }
+
+    /// A counter or gauge value from `/metrics` (first line starting with
+    /// `series`).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.get("/metrics")?;
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Hermes {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

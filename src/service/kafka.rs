@@ -1,0 +1,152 @@
+//! Kafka plumbing shared by the service's loops: client configs with the
+//! security pass-through, an output producer that tracks deliveries (offsets
+//! are committed only after everything produced for them was acknowledged),
+//! and log-safe rendering of settings.
+
+use crate::config::KafkaConfig;
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use rdkafka::Message;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Property names whose values are secrets (never logged).
+fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "jaas", "token", "key", "credential"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// The pass-through properties as they may appear in logs.
+pub fn loggable_properties(kafka: &KafkaConfig) -> String {
+    kafka
+        .properties
+        .iter()
+        .map(|(k, v)| {
+            if is_secret(k) {
+                format!("{k}=***")
+            } else {
+                format!("{k}={v}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A client config with the brokers and every pass-through property.
+pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &kafka.brokers);
+    for (k, v) in &kafka.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Delivery counters of one producer.
+#[derive(Default)]
+pub struct Deliveries {
+    pub delivered: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Counts acknowledgements; a failure is logged with its topic (the payload
+/// is not logged: it may be a gateway's data).
+pub struct DeliveryTracker(pub Arc<Deliveries>);
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.0.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, m)) => {
+                self.0.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(topic = m.topic(), error = %e, "output record not delivered");
+            }
+        }
+    }
+}
+
+/// The producer for alerts, dead letters and health reports.
+pub type OutputProducer = ThreadedProducer<DeliveryTracker>;
+
+pub fn output_producer(kafka: &KafkaConfig) -> anyhow::Result<(OutputProducer, Arc<Deliveries>)> {
+    let d = Arc::new(Deliveries::default());
+    let p = client_config(kafka)
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
+        .create_with_context(DeliveryTracker(d.clone()))?;
+    Ok((p, d))
+}
+
+/// Enqueues a record, waiting while the local queue is full. Returns false
+/// only if it could not be enqueued at all (the caller must not commit).
+pub fn send(producer: &OutputProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> bool {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    for _ in 0..600 {
+        match producer.send(rec) {
+            Ok(()) => return true,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err((e, r)) => {
+                tracing::error!(topic = r.topic, error = %e, "cannot enqueue output record");
+                return false;
+            }
+        }
+    }
+    false
+}
+
+/// Headers of a dead letter: why, and where it came from.
+pub fn dead_letter_headers(kind: &str, reason: &str, partition: i32, offset: i64) -> OwnedHeaders {
+    OwnedHeaders::new()
+        .insert(Header {
+            key: "reason",
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: "kind",
+            value: Some(kind),
+        })
+        .insert(Header {
+            key: "source.partition",
+            value: Some(&partition.to_string()),
+        })
+        .insert(Header {
+            key: "source.offset",
+            value: Some(&offset.to_string()),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_reach_the_log_rendering() {
+        let mut k = KafkaConfig::default();
+        k.properties
+            .insert("sasl.password".into(), "hunter2".into());
+        k.properties
+            .insert("ssl.key.password".into(), "s3cret".into());
+        k.properties
+            .insert("sasl.oauthbearer.client.secret".into(), "x1".into());
+        k.properties
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        let s = loggable_properties(&k);
+        assert!(s.contains("security.protocol=SASL_SSL"));
+        for secret in ["hunter2", "s3cret", "x1"] {
+            assert!(!s.contains(secret), "{s}");
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! What the service exports: Prometheus text on `/metrics` and a plain-text
+//! status view on `/status` with a state column for every channel.
+//!
+//! Loops update these in place; the HTTP handler only reads.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// One channel as its partition owner last evaluated it.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelGauges {
+    pub group: String,
+    pub state: String,
+    pub score: Option<f64>,
+    pub health_weight: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub error_rate: Option<f64>,
+    pub partition: i32,
+    pub watermark_ms: i64,
+}
+
+/// One group as its writer last published it.
+#[derive(Debug, Clone, Default)]
+pub struct GroupGauges {
+    pub epoch: u64,
+    pub version: u64,
+    pub heartbeat_ms: i64,
+    /// (class, channel) → weight.
+    pub weights: BTreeMap<(String, String), f64>,
+    pub shed: BTreeMap<String, f64>,
+    pub waiting_for: Vec<String>,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub events_consumed: AtomicU64,
+    pub events_applied: AtomicU64,
+    pub events_replayed: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub too_late: AtomicU64,
+    pub alerts_produced: AtomicU64,
+    pub health_reports: AtomicU64,
+    pub snapshots_written: AtomicU64,
+    pub snapshot_heartbeats: AtomicU64,
+    pub snapshot_failures: AtomicU64,
+    pub snapshots_refused_stale: AtomicU64,
+    pub commits: AtomicU64,
+    pub config_reloads: AtomicU64,
+    pub config_reload_rejected: AtomicU64,
+    dead_letters: Mutex<BTreeMap<&'static str, u64>>,
+    channels: Mutex<BTreeMap<String, ChannelGauges>>,
+    weight_changes: Mutex<BTreeMap<String, u64>>,
+    groups: Mutex<BTreeMap<String, GroupGauges>>,
+    /// Request partition → (lag in records, owned).
+    lag: Mutex<BTreeMap<i32, i64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dead_letter(&self, kind: &'static str) {
+        *lock(&self.dead_letters).entry(kind).or_default() += 1;
+    }
+
+    pub fn dead_letters_total(&self) -> u64 {
+        lock(&self.dead_letters).values().sum()
+    }
+
+    pub fn set_channel(&self, id: &str, g: ChannelGauges) {
+        lock(&self.channels).insert(id.to_string(), g);
+    }
+
+    pub fn forget_partition(&self, partition: i32) {
+        lock(&self.channels).retain(|_, g| g.partition != partition);
+        lock(&self.lag).remove(&partition);
+    }
+
+    pub fn set_lag(&self, partition: i32, lag: i64) {
+        lock(&self.lag).insert(partition, lag);
+    }
+
+    pub fn set_group(&self, group: &str, g: GroupGauges) {
+        let mut groups = lock(&self.groups);
+        if let Some(old) = groups.get(group) {
+            let mut changes = lock(&self.weight_changes);
+            for (k, w) in &g.weights {
+                if old.weights.get(k).is_some_and(|o| (o - w).abs() > 1e-9) {
+                    *changes.entry(k.1.clone()).or_default() += 1;
+                }
+            }
+        }
+        groups.insert(group.to_string(), g);
+    }
+
+    pub fn set_group_waiting(&self, group: &str, waiting: Vec<String>) {
+        lock(&self.groups)
+            .entry(group.to_string())
+            .or_default()
+            .waiting_for = waiting;
+    }
+
+    pub fn forget_group(&self, group: &str) {
+        lock(&self.groups).remove(group);
+    }
+
+    /// Prometheus text exposition format 0.0.4.
+    pub fn render_prometheus(&self) -> String {
+        let mut s = String::new();
+        let counters: [(&str, &str, &AtomicU64); 14] = [
+            (
+                "hermes_events_consumed_total",
+                "Records read from the request topic.",
+                &self.events_consumed,
+            ),
+            (
+                "hermes_events_applied_total",
+                "Events applied to the engine.",
+                &self.events_applied,
+            ),
+            (
+                "hermes_events_replayed_total",
+                "Events re-applied to rebuild windows after an assignment.",
+                &self.events_replayed,
+            ),
+            (
+                "hermes_events_duplicate_total",
+                "Events ignored as duplicates (same event id).",
+                &self.duplicates,
+            ),
+            (
+                "hermes_events_too_late_total",
+                "Events older than the allowed lateness.",
+                &self.too_late,
+            ),
+            (
+                "hermes_alerts_produced_total",
+                "Alert events produced.",
+                &self.alerts_produced,
+            ),
+            (
+                "hermes_health_reports_total",
+                "Health reports produced to the health topic.",
+                &self.health_reports,
+            ),
+            (
+                "hermes_snapshots_written_total",
+                "New snapshot versions written to Redis.",
+                &self.snapshots_written,
+            ),
+            (
+                "hermes_snapshot_heartbeats_total",
+                "Snapshot heartbeat refreshes.",
+                &self.snapshot_heartbeats,
+            ),
+            (
+                "hermes_snapshot_failures_total",
+                "Snapshot writes that failed after retries.",
+                &self.snapshot_failures,
+            ),
+            (
+                "hermes_snapshots_refused_stale_total",
+                "Snapshot writes refused because a newer writer owns the group.",
+                &self.snapshots_refused_stale,
+            ),
+            (
+                "hermes_offset_commits_total",
+                "Offset commits.",
+                &self.commits,
+            ),
+            (
+                "hermes_config_reloads_total",
+                "Config reloads applied.",
+                &self.config_reloads,
+            ),
+            (
+                "hermes_config_reloads_rejected_total",
+                "Config reloads refused (invalid file).",
+                &self.config_reload_rejected,
+            ),
+        ];
+        for (name, help, c) in counters {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(s, "# HELP hermes_dead_letters_total Records sent to the dead-letter topic, by reason kind.\n# TYPE hermes_dead_letters_total counter");
+        for (k, n) in lock(&self.dead_letters).iter() {
+            let _ = writeln!(s, "hermes_dead_letters_total{{kind=\"{k}\"}} {n}");
+        }
+        let _ = writeln!(s, "# HELP hermes_consumer_lag Records between the last applied offset and the high watermark.\n# TYPE hermes_consumer_lag gauge");
+        for (p, lag) in lock(&self.lag).iter() {
+            let _ = writeln!(s, "hermes_consumer_lag{{partition=\"{p}\"}} {lag}");
+        }
+        let channels = lock(&self.channels).clone();
+        let gauge =
+            |s: &mut String, name: &str, help: &str, f: &dyn Fn(&ChannelGauges) -> Option<f64>| {
+                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+                for (id, g) in &channels {
+                    if let Some(v) = f(g) {
+                        let _ = writeln!(
+                            s,
+                            "{name}{{group=\"{}\",channel=\"{}\"}} {v}",
+                            esc(&g.group),
+                            esc(id)
+                        );
+                    }
+                }
+            };
+        gauge(
+            &mut s,
+            "hermes_channel_score",
+            "Health score (0 healthy .. 1 failing).",
+            &|g| g.score,
+        );
+        gauge(
+            &mut s,
+            "hermes_channel_health_weight",
+            "State-machine weight factor.",
+            &|g| Some(g.health_weight),
+        );
+        gauge(
+            &mut s,
+            "hermes_channel_p50_ms",
+            "Latency P50 over the short window.",
+            &|g| g.p50_ms,
+        );
+        gauge(
+            &mut s,
+            "hermes_channel_p99_ms",
+            "Latency P99 over the short window.",
+            &|g| g.p99_ms,
+        );
+        gauge(
+            &mut s,
+            "hermes_channel_error_rate",
+            "Hard-failure rate over the short window.",
+            &|g| g.error_rate,
+        );
+        let _ = writeln!(s, "# HELP hermes_channel_state 1 for the channel's current state.\n# TYPE hermes_channel_state gauge");
+        for (id, g) in &channels {
+            let _ = writeln!(
+                s,
+                "hermes_channel_state{{group=\"{}\",channel=\"{}\",state=\"{}\"}} 1",
+                esc(&g.group),
+                esc(id),
+                g.state
+            );
+        }
+        let groups = lock(&self.groups).clone();
+        let _ = writeln!(s, "# HELP hermes_channel_weight Published routing weight per class.\n# TYPE hermes_channel_weight gauge");
+        for (group, g) in &groups {
+            for ((class, channel), w) in &g.weights {
+                let _ = writeln!(
+                    s,
+                    "hermes_channel_weight{{group=\"{}\",class=\"{class}\",channel=\"{}\"}} {w}",
+                    esc(group),
+                    esc(channel)
+                );
+            }
+        }
+        let _ = writeln!(s, "# HELP hermes_channel_weight_changes_total Published weight changes.\n# TYPE hermes_channel_weight_changes_total counter");
+        for (channel, n) in lock(&self.weight_changes).iter() {
+            let _ = writeln!(
+                s,
+                "hermes_channel_weight_changes_total{{channel=\"{}\"}} {n}",
+                esc(channel)
+            );
+        }
+        let _ = writeln!(s, "# HELP hermes_group_snapshot_version Version of the last snapshot written.\n# TYPE hermes_group_snapshot_version gauge");
+        for (group, g) in &groups {
+            let _ = writeln!(
+                s,
+                "hermes_group_snapshot_version{{group=\"{}\",epoch=\"{}\"}} {}",
+                esc(group),
+                g.epoch,
+                g.version
+            );
+        }
+        s
+    }
+
+    /// The status view: one line per channel this instance evaluates, then
+    /// the groups it writes.
+    pub fn render_status(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<16} {:<12} {:<11} {:>6} {:>7} {:>8} {:>7} {:>5}",
+            "channel", "group", "state", "score", "weight", "p99_ms", "err_%", "part"
+        );
+        for (id, g) in lock(&self.channels).iter() {
+            let _ = writeln!(
+                s,
+                "{:<16} {:<12} {:<11} {:>6} {:>7.2} {:>8} {:>7} {:>5}",
+                id,
+                g.group,
+                g.state,
+                g.score.map_or("-".into(), |v| format!("{v:.2}")),
+                g.health_weight,
+                g.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+                g.error_rate
+                    .map_or("-".into(), |v| format!("{:.1}", v * 100.0)),
+                g.partition
+            );
+        }
+        let groups = lock(&self.groups);
+        if !groups.is_empty() {
+            let _ = writeln!(s, "\ngroups written by this instance:");
+        }
+        for (group, g) in groups.iter() {
+            let _ = writeln!(
+                s,
+                "{group}: epoch {} version {} heartbeat_ms {}{}",
+                g.epoch,
+                g.version,
+                g.heartbeat_ms,
+                if g.waiting_for.is_empty() {
+                    String::new()
+                } else {
+                    format!("  (waiting for {})", g.waiting_for.join(", "))
+                }
+            );
+            for ((class, channel), w) in &g.weights {
+                let _ = writeln!(s, "  {class:<13} {channel:<16} {w:.3}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nconsumed {} applied {} dead-lettered {} duplicates {} alerts {}",
+            self.events_consumed.load(Ordering::Relaxed),
+            self.events_applied.load(Ordering::Relaxed),
+            self.dead_letters_total(),
+            self.duplicates.load(Ordering::Relaxed),
+            self.alerts_produced.load(Ordering::Relaxed)
+        );
+        s
+    }
+}
+
+/// Serves `/metrics`, `/status` and `/healthz` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, ctype, body) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    "text/plain; version=0.0.4",
+                    metrics.render_prometheus(),
+                ),
+                "/status" | "/" => (
+                    "200 OK",
+                    "text/plain; charset=utf-8",
+                    metrics.render_status(),
+                ),
+                "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_a_state_line_per_channel_and_counts_weight_changes() {
+        let m = Metrics::default();
+        m.set_channel(
+            "free",
+            ChannelGauges {
+                group: "chat".into(),
+                state: "DRAINED".into(),
+                score: Some(0.9),
+                ..Default::default()
+            },
+        );
+        let mut g = GroupGauges::default();
+        g.weights.insert(("CORE".into(), "free".into()), 0.3);
+        m.set_group("chat", g.clone());
+        g.weights.insert(("CORE".into(), "free".into()), 0.0);
+        m.set_group("chat", g);
+        m.dead_letter("malformed");
+        let text = m.render_prometheus();
+        assert!(text
+            .contains("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"DRAINED\"} 1"));
+        assert!(text.contains("hermes_channel_weight_changes_total{channel=\"free\"} 1"));
+        assert!(text.contains("hermes_dead_letters_total{kind=\"malformed\"} 1"));
+        assert!(m.render_status().contains("DRAINED"));
+    }
+}

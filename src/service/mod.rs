@@ -1,0 +1,197 @@
+//! `hermes run`: the service.
+//!
+//! ```text
+//!                 hermes.requests (key = channel)
+//!                          │ consumer group `hermes`
+//!        ┌─────────────────┴───────────────────┐
+//!   instance A: partitions 0,1            instance B: partition 2
+//!   one Engine per partition              one Engine per partition
+//!   (windows, signals, state machine)     ...
+//!        │ alerts ──► hermes.alerts        │
+//!        │ bad records ──► hermes.dead-letters
+//!        │ state machines ──► Redis hermes:{G}:state (restore on takeover)
+//!        └──► hermes.health (key = group) ◄┘
+//!                          │ every instance reads all of it (GroupBoard)
+//!   the owner of request partition writer_partition(G) = G's only writer:
+//!              GroupBoard → Scheduler → fenced Lua write
+//!                          ▼
+//!            Redis hermes:{G}:weights + PUBLISH hermes:{G}:changed
+//! ```
+//!
+//! Three loops share a process: the request loop on its own OS thread
+//! (`requests`), the group writer (`groups`) and the HTTP endpoint
+//! (`metrics`) on the tokio runtime, plus the state-store writer and the
+//! config watcher. Any loop failing stops the process with an error: what it
+//! had not committed is handled again by the instance that takes over.
+
+pub mod groups;
+pub mod kafka;
+pub mod metrics;
+pub mod registry;
+pub mod requests;
+pub mod state_store;
+
+use crate::config::Config;
+use crate::publish::redact_url;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Validates what `hermes run` needs beyond a valid engine config.
+pub fn check_runnable(cfg: &Config) -> anyhow::Result<()> {
+    if cfg.kafka.brokers.trim().is_empty() {
+        anyhow::bail!(
+            "kafka.brokers is empty: `hermes run` needs a Kafka cluster (try `hermes demo` for the embedded one)"
+        );
+    }
+    if cfg.redis.url.trim().is_empty() {
+        anyhow::bail!("redis.url is empty: `hermes run` publishes weights to Redis");
+    }
+    Ok(())
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Re-reads the file when it changes. An invalid file is refused with every
+/// issue logged and the running config stays; connection settings need a
+/// restart (logged), everything else applies live.
+async fn watch_config(
+    path: PathBuf,
+    tx: tokio::sync::watch::Sender<Arc<Config>>,
+    metrics: Arc<metrics::Metrics>,
+) {
+    let every = tx.borrow().service.reload_check_ms;
+    if every <= 0 {
+        return;
+    }
+    let mut last = modified(&path);
+    let mut tick = tokio::time::interval(Duration::from_millis(every as u64));
+    loop {
+        tick.tick().await;
+        let now = modified(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match Config::from_file(&path) {
+            Ok(new) => {
+                let old = tx.borrow().clone();
+                if new == *old {
+                    continue;
+                }
+                if new.kafka != old.kafka || new.redis != old.redis || new.service != old.service {
+                    tracing::warn!(
+                        "[kafka], [redis] and [service] changes take effect at the next restart"
+                    );
+                }
+                if new.engine != old.engine {
+                    metrics::Metrics::inc(&metrics.config_reload_rejected);
+                    tracing::error!("config reload refused: [engine] (window shape) changes need a restart; the running config stays");
+                    continue;
+                }
+                metrics::Metrics::inc(&metrics.config_reloads);
+                tracing::info!(path = %path.display(), "config reloaded");
+                let _ = tx.send(Arc::new(new));
+            }
+            Err(e) => {
+                metrics::Metrics::inc(&metrics.config_reload_rejected);
+                tracing::error!(path = %path.display(), "config reload refused, the running config stays:\n{e}");
+            }
+        }
+    }
+}
+
+fn instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "hermes".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Runs the service until SIGINT/SIGTERM or a loop fails.
+pub async fn run(config_path: &Path) -> anyhow::Result<()> {
+    let cfg = Config::from_file(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    check_runnable(&cfg)?;
+    let instance = instance_id();
+    tracing::info!(
+        instance,
+        brokers = %cfg.kafka.brokers,
+        requests = %cfg.kafka.request_topic,
+        health = %cfg.kafka.health_topic,
+        alerts = %cfg.kafka.alert_topic,
+        dead_letters = %cfg.kafka.dead_letter_topic,
+        kafka_properties = %kafka::loggable_properties(&cfg.kafka),
+        redis = %redact_url(&cfg.redis.url),
+        groups = cfg.groups.len(),
+        channels = cfg.channels().count(),
+        "hermes starting"
+    );
+    let metrics = Arc::new(metrics::Metrics::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
+
+    let http = if cfg.service.http_listen.is_empty() {
+        None
+    } else {
+        let l = tokio::net::TcpListener::bind(&cfg.service.http_listen)
+            .await
+            .with_context(|| format!("binding {}", cfg.service.http_listen))?;
+        tracing::info!(listen = %cfg.service.http_listen, "serving /metrics and /status");
+        Some(tokio::spawn(metrics::serve(l, metrics.clone())))
+    };
+    let watcher = tokio::spawn(watch_config(
+        config_path.to_path_buf(),
+        cfg_tx,
+        metrics.clone(),
+    ));
+    let store = state_store::StateStore::start(&cfg.redis.url)?;
+
+    let ownership = Arc::new(groups::Ownership::default());
+    let request_loop = requests::RequestLoop::new(
+        cfg_rx.clone(),
+        ownership.clone(),
+        store,
+        tokio::runtime::Handle::current(),
+        metrics.clone(),
+        instance,
+        stop.clone(),
+    )?;
+    let (done_tx, mut done_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(&str, anyhow::Result<()>)>();
+    let tx = done_tx.clone();
+    let request_thread = std::thread::Builder::new()
+        .name("hermes-requests".into())
+        .spawn(move || {
+            let r = request_loop.run();
+            let _ = tx.send(("request loop", r));
+        })?;
+    let tx = done_tx.clone();
+    let (m, s) = (metrics.clone(), stop.clone());
+    tokio::spawn(async move {
+        let r = groups::run(cfg_rx, ownership, m, s).await;
+        let _ = tx.send(("group writer", r));
+    });
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let result = tokio::select! {
+        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted; stopping"); Ok(()) }
+        _ = sigterm.recv() => { tracing::info!("terminated; stopping"); Ok(()) }
+        Some((what, r)) = done_rx.recv() => {
+            match r {
+                Ok(()) => Err(anyhow::anyhow!("{what} stopped")),
+                Err(e) => Err(e.context(format!("{what} failed"))),
+            }
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || request_thread.join()).await;
+    watcher.abort();
+    if let Some(h) = http {
+        h.abort();
+    }
+    result
+}

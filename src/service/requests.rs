@@ -1,0 +1,869 @@
+//! The request-topic loop: one engine per owned partition.
+//!
+//! Runs on its own OS thread around a `BaseConsumer`, so rebalance callbacks
+//! run between two records of the same loop and need no locking against it.
+//!
+//! Per record: decode (fetching an unknown writer schema from the registry
+//! once), drop duplicates by event id, apply to the partition's engine; a
+//! bad record goes to the dead-letter topic with its reason and never stalls
+//! the partition. Offsets are stored after the record was handled and
+//! committed every `service.commit_interval_ms` only after every output
+//! produced so far (alerts, dead letters) was acknowledged: at least once.
+//!
+//! On assignment of a partition the loop rebuilds it before it speaks for its
+//! channels: it restores each channel's saved state machine, seeks to
+//! `now - longest window` (offsets-for-times) and replays. Replayed records
+//! below the committed offset were handled by the previous owner: they only
+//! rebuild windows (no dead letters, no alerts again). The partition reports
+//! health only once it is caught up with the high watermark seen at
+//! assignment and its engine is warm. On revocation it commits and goes
+//! quiet at once.
+
+use super::groups::Ownership;
+use super::kafka::{self, OutputProducer};
+use super::metrics::{ChannelGauges, Metrics};
+use super::registry::Registry;
+use super::state_store::{SavedState, StateStore, StateWrite};
+use crate::alert::AlertEvent;
+use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
+use crate::config::Config;
+use crate::dedup::Dedup;
+use crate::health::{HealthReport, REPORT_FORMAT};
+use crate::pipeline::{ApplyError, ChannelIdx, Engine};
+use crate::state::StateMachine;
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A partition the group gave us, as the rebalance callback prepared it.
+#[derive(Debug, Clone)]
+struct Assigned {
+    partition: i32,
+    /// We held it before this rebalance and resume where we were.
+    kept: bool,
+    /// Offsets below this were handled by a previous owner.
+    resume_at: i64,
+    /// High watermark at assignment: reporting starts once past it.
+    high: i64,
+    /// First offset this assignment reads.
+    start: i64,
+}
+
+#[derive(Debug)]
+enum RebalanceEvent {
+    /// `incremental`: added to the current assignment (cooperative);
+    /// otherwise the whole new assignment (eager).
+    Assigned {
+        list: Vec<Assigned>,
+        incremental: bool,
+    },
+    /// `Some`: these partitions (cooperative); `None`: all (eager).
+    Revoked(Option<Vec<i32>>),
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Positions of the partitions held when they were last revoked.
+    positions: HashMap<i32, i64>,
+    events: Vec<RebalanceEvent>,
+}
+
+/// Prepares offsets on assignment (replay start) and commits on revocation.
+struct RequestContext {
+    topic: String,
+    replay_ms: i64,
+    shared: Arc<Mutex<Shared>>,
+    producer: Arc<OutputProducer>,
+    metrics: Arc<Metrics>,
+}
+
+impl ClientContext for RequestContext {
+    /// Consumer lag per partition from librdkafka's statistics (no broker
+    /// round trip on the loop).
+    fn stats(&self, stats: rdkafka::Statistics) {
+        if let Some(t) = stats.topics.get(&self.topic) {
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    self.metrics.set_lag(*p, part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RequestContext {
+    fn plan_assignment(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        tpl: &mut TopicPartitionList,
+    ) -> Vec<Assigned> {
+        let positions = std::mem::take(&mut lock(&self.shared).positions);
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        let mut fresh = TopicPartitionList::new();
+        for p in &partitions {
+            if !positions.contains_key(p) {
+                fresh.add_partition(&self.topic, *p);
+            }
+        }
+        let committed: HashMap<i32, i64> = if fresh.count() > 0 {
+            match c.committed_offsets(fresh.clone(), BROKER_TIMEOUT) {
+                Ok(t) => t
+                    .elements()
+                    .iter()
+                    .filter_map(|e| match e.offset() {
+                        Offset::Offset(o) => Some((e.partition(), o)),
+                        _ => None,
+                    })
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "committed offsets unavailable; replaying the window only");
+                    HashMap::new()
+                }
+            }
+        } else {
+            HashMap::new()
+        };
+        let since = wall_ms() - self.replay_ms;
+        let mut by_time = TopicPartitionList::new();
+        for e in fresh.elements() {
+            let _ = by_time.add_partition_offset(&self.topic, e.partition(), Offset::Offset(since));
+        }
+        let replay_from: HashMap<i32, Offset> = if by_time.count() > 0 {
+            match c.offsets_for_times(by_time, BROKER_TIMEOUT) {
+                Ok(t) => t
+                    .elements()
+                    .iter()
+                    .map(|e| (e.partition(), e.offset()))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "offsets-for-times failed; replaying from the committed offsets");
+                    HashMap::new()
+                }
+            }
+        } else {
+            HashMap::new()
+        };
+        let mut out = Vec::new();
+        for p in partitions {
+            let high = c
+                .fetch_watermarks(&self.topic, p, BROKER_TIMEOUT)
+                .map(|(_, h)| h)
+                .unwrap_or(0);
+            let (start, kept, resume_at, start_num) = if let Some(&pos) = positions.get(&p) {
+                (Offset::Offset(pos), true, pos, pos)
+            } else {
+                let committed = committed.get(&p).copied();
+                let start = match replay_from.get(&p) {
+                    Some(Offset::Offset(o)) => Offset::Offset(*o),
+                    // No record at or after the time: nothing to replay.
+                    Some(Offset::End) => committed.map_or(Offset::End, Offset::Offset),
+                    _ => committed.map_or(Offset::Beginning, Offset::Offset),
+                };
+                let start_num = match start {
+                    Offset::Offset(o) => o,
+                    Offset::End => high,
+                    _ => 0,
+                };
+                // A brand-new group: what we replay is new to everyone.
+                (start, false, committed.unwrap_or(start_num), start_num)
+            };
+            let _ = tpl.set_partition_offset(&self.topic, p, start);
+            tracing::info!(
+                partition = p,
+                ?start,
+                resume_at,
+                high,
+                kept,
+                "partition assigned"
+            );
+            out.push(Assigned {
+                partition: p,
+                kept,
+                resume_at,
+                high,
+                start: start_num,
+            });
+        }
+        out
+    }
+}
+
+impl ConsumerContext for RequestContext {
+    fn rebalance(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let incremental = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                let list = self.plan_assignment(c, tpl);
+                let r = if incremental {
+                    c.incremental_assign(tpl)
+                } else {
+                    c.assign(tpl)
+                };
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "assign failed");
+                }
+                lock(&self.shared)
+                    .events
+                    .push(RebalanceEvent::Assigned { list, incremental });
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let incremental = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                let mut positions = HashMap::new();
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            positions.insert(e.partition(), o);
+                        }
+                    }
+                }
+                if !c.assignment_lost() {
+                    // Outputs first, then the offsets that cover them.
+                    if self.producer.flush(BROKER_TIMEOUT).is_ok() {
+                        if let Err(e) = c.commit_consumer_state(CommitMode::Sync) {
+                            tracing::debug!(error = %e, "commit on revocation");
+                        }
+                    }
+                }
+                let revoked: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                tracing::info!(?revoked, "partitions revoked");
+                let r = if incremental {
+                    c.incremental_unassign(tpl)
+                } else {
+                    c.unassign()
+                };
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "unassign failed");
+                }
+                let mut sh = lock(&self.shared);
+                if incremental {
+                    sh.events.push(RebalanceEvent::Revoked(Some(revoked)));
+                } else {
+                    sh.positions = positions;
+                    sh.events.push(RebalanceEvent::Revoked(None));
+                }
+            }
+            other => tracing::error!(error = ?other, "rebalance error"),
+        }
+    }
+}
+
+struct Partition {
+    engine: Engine,
+    dedup: Dedup,
+    alerts: Vec<AlertEvent>,
+    resume_at: i64,
+    caught_up_at: i64,
+    next_offset: i64,
+    /// Replayed events older than this are outside every window (a broker
+    /// that answers offsets-for-times too early costs time, not results).
+    replay_floor_ms: i64,
+    last_record: Instant,
+    evaluations: u64,
+    saved: ahash::AHashMap<String, StateMachine>,
+    active: bool,
+}
+
+impl Partition {
+    fn replaying(&self) -> bool {
+        self.next_offset < self.resume_at
+    }
+    fn caught_up(&self) -> bool {
+        self.next_offset >= self.caught_up_at
+    }
+}
+
+/// The request loop: the consumer and everything the loop mutates.
+pub struct RequestLoop {
+    consumer: BaseConsumer<RequestContext>,
+    state: LoopState,
+}
+
+struct LoopState {
+    cfg: Arc<Config>,
+    ownership: Arc<Ownership>,
+    cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
+    producer: Arc<OutputProducer>,
+    deliveries: Arc<kafka::Deliveries>,
+    shared: Arc<Mutex<Shared>>,
+    partitions: BTreeMap<i32, Partition>,
+    registry: Option<Registry>,
+    store: StateStore,
+    rt: tokio::runtime::Handle,
+    metrics: Arc<Metrics>,
+    instance: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl RequestLoop {
+    pub fn new(
+        cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
+        ownership: Arc<Ownership>,
+        store: StateStore,
+        rt: tokio::runtime::Handle,
+        metrics: Arc<Metrics>,
+        instance: String,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<RequestLoop> {
+        let cfg = cfg_rx.borrow().clone();
+        let k = &cfg.kafka;
+        let (producer, deliveries) = kafka::output_producer(k).context("creating the producer")?;
+        let producer = Arc::new(producer);
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let ctx = RequestContext {
+            topic: k.request_topic.clone(),
+            replay_ms: cfg.engine.long_window_ms.max(cfg.engine.short_window_ms)
+                + cfg.engine.allowed_lateness_ms,
+            shared: shared.clone(),
+            producer: producer.clone(),
+            metrics: metrics.clone(),
+        };
+        let consumer: BaseConsumer<RequestContext> = kafka::client_config(k)
+            .set("group.id", &k.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", k.session_timeout_ms.to_string())
+            .set(
+                "heartbeat.interval.ms",
+                (k.session_timeout_ms / 3).max(100).to_string(),
+            )
+            // Incremental rebalances: partitions that stay keep their
+            // engines, only moved ones are revoked and rebuilt.
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("client.id", &instance)
+            .set("statistics.interval.ms", "5000")
+            .create_with_context(ctx)
+            .context("creating the request consumer")?;
+        consumer
+            .subscribe(&[k.request_topic.as_str()])
+            .context("subscribing to the request topic")?;
+        let registry =
+            (!k.schema_registry_url.is_empty()).then(|| Registry::new(&k.schema_registry_url));
+        Ok(RequestLoop {
+            consumer,
+            state: LoopState {
+                cfg,
+                ownership,
+                cfg_rx,
+                producer,
+                deliveries,
+                shared,
+                partitions: BTreeMap::new(),
+                registry,
+                store,
+                rt,
+                metrics,
+                instance,
+                stop,
+            },
+        })
+    }
+
+    /// Runs until `stop` is set or an output cannot be delivered (then the
+    /// uncommitted records are handled again by whoever takes over).
+    pub fn run(self) -> anyhow::Result<()> {
+        let RequestLoop {
+            consumer,
+            mut state,
+        } = self;
+        state.run(&consumer)
+    }
+}
+
+type RequestConsumer = BaseConsumer<RequestContext>;
+
+impl LoopState {
+    fn run(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        let decoder = Decoder::new(WireFormat::Auto);
+        let mut next_commit = Instant::now();
+        let mut next_housekeeping = Instant::now();
+        let mut idle_since = Some(Instant::now());
+        while !self.stop.load(Ordering::Relaxed) {
+            let polled = consumer.poll(Duration::from_millis(100));
+            self.handle_rebalances(consumer);
+            // Nothing fetched and queued: every partition is caught up.
+            let drained = polled.is_none();
+            match polled {
+                Some(Ok(m)) => {
+                    self.handle_record(consumer, &decoder, &m)?;
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+                None => {}
+            }
+            if Instant::now() >= next_housekeeping {
+                next_housekeeping = Instant::now() + Duration::from_millis(500);
+                self.reload_config();
+                if drained {
+                    self.advance_idle();
+                }
+                self.rejoin_if_idle(consumer, &mut idle_since)?;
+            }
+            if Instant::now() >= next_commit {
+                next_commit = Instant::now()
+                    + Duration::from_millis(self.cfg.service.commit_interval_ms as u64);
+                self.commit(consumer)?;
+            }
+        }
+        self.commit(consumer)?;
+        Ok(())
+    }
+
+    /// See `kafka.rejoin_when_idle_ms`.
+    fn rejoin_if_idle(
+        &mut self,
+        consumer: &RequestConsumer,
+        idle_since: &mut Option<Instant>,
+    ) -> anyhow::Result<()> {
+        let limit = self.cfg.kafka.rejoin_when_idle_ms;
+        if self.partitions.values().any(|p| p.active) {
+            *idle_since = None;
+            return Ok(());
+        }
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if limit > 0 && since.elapsed() >= Duration::from_millis(limit as u64) {
+            tracing::warn!(
+                idle_ms = since.elapsed().as_millis() as u64,
+                "no request partition assigned; leaving and rejoining the consumer group"
+            );
+            *idle_since = Some(Instant::now());
+            consumer.unsubscribe();
+            consumer
+                .subscribe(&[self.cfg.kafka.request_topic.as_str()])
+                .context("resubscribing to the request topic")?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        self.producer
+            .flush(BROKER_TIMEOUT)
+            .map_err(|e| anyhow!("outputs not acknowledged, not committing: {e}"))?;
+        let failed = self.deliveries.failed.load(Ordering::Relaxed);
+        if failed > 0 {
+            anyhow::bail!(
+                "{failed} output record(s) were not delivered; exiting without committing past them"
+            );
+        }
+        if self.partitions.values().any(|p| p.active) {
+            match consumer.commit_consumer_state(CommitMode::Async) {
+                Ok(()) => Metrics::inc(&self.metrics.commits),
+                // Nothing stored since the last commit.
+                Err(rdkafka::error::KafkaError::ConsumerCommit(
+                    rdkafka::error::RDKafkaErrorCode::NoOffset,
+                )) => {}
+                Err(e) => tracing::warn!(error = %e, "offset commit failed; retrying next round"),
+            }
+        }
+        Ok(())
+    }
+
+    fn reload_config(&mut self) {
+        if !self.cfg_rx.has_changed().unwrap_or(false) {
+            return;
+        }
+        let cfg = self.cfg_rx.borrow_and_update().clone();
+        for (p, part) in self.partitions.iter_mut() {
+            if let Err(e) = part.engine.reconfigure(cfg.clone()) {
+                tracing::error!(partition = p, error = %e, "config reload not applied");
+                return;
+            }
+        }
+        self.cfg = cfg;
+    }
+
+    /// Saved state machines of every group (retried briefly; without them a
+    /// takeover re-derives state from the replayed window alone).
+    fn load_saved_states(&self) -> BTreeMap<String, SavedState> {
+        let mut out = BTreeMap::new();
+        for g in &self.cfg.groups {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let r = self.rt.block_on(async {
+                    tokio::time::timeout(Duration::from_secs(5), self.store.load(&g.id)).await
+                });
+                match r {
+                    Ok(Ok(states)) => {
+                        out.extend(states);
+                        break;
+                    }
+                    Ok(Err(e)) if attempt < 3 => {
+                        tracing::warn!(group = %g.id, error = %e, "loading saved state; retrying");
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    Err(_) if attempt < 3 => {}
+                    other => {
+                        tracing::error!(group = %g.id, result = ?other.map(|r| r.map(|_| ())), "saved state unavailable; state is rebuilt from the replay alone");
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn handle_rebalances(&mut self, consumer: &RequestConsumer) {
+        let events = std::mem::take(&mut lock(&self.shared).events);
+        if events.is_empty() {
+            return;
+        }
+        self.apply_rebalances(events);
+        self.ownership.set_owned(
+            self.partitions
+                .iter()
+                .filter(|(_, p)| p.active)
+                .map(|(p, _)| *p)
+                .collect(),
+        );
+        let topic = &self.cfg.kafka.request_topic;
+        if let Ok(md) = consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
+            if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
+                self.ownership
+                    .request_partitions
+                    .store(t.partitions().len() as u32, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn apply_rebalances(&mut self, events: Vec<RebalanceEvent>) {
+        for ev in events {
+            match ev {
+                RebalanceEvent::Revoked(None) => {
+                    for part in self.partitions.values_mut() {
+                        part.active = false;
+                    }
+                }
+                RebalanceEvent::Revoked(Some(ps)) => {
+                    for p in ps {
+                        self.partitions.remove(&p);
+                        self.metrics.forget_partition(p);
+                    }
+                }
+                RebalanceEvent::Assigned { list, incremental } => {
+                    let keep: Vec<i32> = list
+                        .iter()
+                        .filter(|a| a.kept)
+                        .map(|a| a.partition)
+                        .collect();
+                    let gone: Vec<i32> = self
+                        .partitions
+                        .keys()
+                        .filter(|p| !incremental && !keep.contains(p))
+                        .copied()
+                        .collect();
+                    for p in gone {
+                        self.partitions.remove(&p);
+                        self.metrics.forget_partition(p);
+                    }
+                    let fresh: Vec<&Assigned> = list
+                        .iter()
+                        .filter(|a| !a.kept || !self.partitions.contains_key(&a.partition))
+                        .collect();
+                    let saved = if fresh.is_empty() {
+                        BTreeMap::new()
+                    } else {
+                        self.load_saved_states()
+                    };
+                    let replay_floor_ms = wall_ms()
+                        - self
+                            .cfg
+                            .engine
+                            .long_window_ms
+                            .max(self.cfg.engine.short_window_ms)
+                        - self.cfg.engine.allowed_lateness_ms;
+                    for a in fresh {
+                        let mut engine = Engine::new(self.cfg.clone());
+                        let mut restored = ahash::AHashMap::new();
+                        for (channel, s) in &saved {
+                            if engine.restore(channel, s.machine.clone(), s.saved_at_ms) {
+                                restored.insert(channel.clone(), s.machine.clone());
+                            }
+                        }
+                        tracing::info!(
+                            partition = a.partition,
+                            restored = restored.len(),
+                            "partition rebuilding"
+                        );
+                        self.partitions.insert(
+                            a.partition,
+                            Partition {
+                                engine,
+                                dedup: Dedup::new(self.cfg.service.dedup_horizon_ms),
+                                alerts: Vec::new(),
+                                resume_at: a.resume_at,
+                                caught_up_at: a.high,
+                                next_offset: a.start,
+                                replay_floor_ms,
+                                last_record: Instant::now(),
+                                evaluations: 0,
+                                saved: restored,
+                                active: true,
+                            },
+                        );
+                    }
+                    for p in keep {
+                        if let Some(part) = self.partitions.get_mut(&p) {
+                            part.active = true;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn dead_letter(
+        &self,
+        m: &rdkafka::message::BorrowedMessage<'_>,
+        kind: &'static str,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let payload = m.payload().unwrap_or(&[]);
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.cfg.kafka.dead_letter_topic)
+            .payload(payload)
+            .headers(kafka::dead_letter_headers(
+                kind,
+                reason,
+                m.partition(),
+                m.offset(),
+            ));
+        if let Some(k) = m.key() {
+            rec = rec.key(k);
+        }
+        if !kafka::send(&self.producer, rec) {
+            anyhow::bail!(
+                "dead-letter produce failed at partition {} offset {}; not committing past it",
+                m.partition(),
+                m.offset()
+            );
+        }
+        self.metrics.dead_letter(kind);
+        Ok(())
+    }
+
+    fn handle_record(
+        &mut self,
+        consumer: &RequestConsumer,
+        decoder: &Decoder,
+        m: &rdkafka::message::BorrowedMessage<'_>,
+    ) -> anyhow::Result<()> {
+        Metrics::inc(&self.metrics.events_consumed);
+        let p = m.partition();
+        let Some(part) = self.partitions.get(&p) else {
+            return Ok(());
+        };
+        if !part.active || m.offset() < part.next_offset {
+            return Ok(());
+        }
+        let replaying = m.offset() < part.resume_at;
+        let payload = m.payload().unwrap_or(&[]);
+        // An unknown writer schema is fetched once, before decoding.
+        let mut registry_error = None;
+        if let (Some(reg), [0, a, b, c, d, ..]) = (self.registry.as_mut(), payload) {
+            let id = u32::from_be_bytes([*a, *b, *c, *d]);
+            if reg.cache.writer_schema(id).is_none() {
+                for attempt in 1..=3 {
+                    match reg.fetch(id) {
+                        Ok(_) => {
+                            registry_error = None;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(schema_id = id, attempt, error = %e, "schema registry");
+                            registry_error = Some(e);
+                            std::thread::sleep(Duration::from_millis(500));
+                        }
+                    }
+                }
+            }
+        }
+        let lookup: &dyn SchemaLookup = match &self.registry {
+            Some(r) => &r.cache,
+            None => &NoRegistry,
+        };
+        let outcome: Result<(), (&'static str, String)> = match decoder.decode(payload, lookup) {
+            Ok(ev) => {
+                let part = self.partitions.get_mut(&p).expect("checked above");
+                if replaying && ev.event_time_ms < part.replay_floor_ms {
+                    Ok(())
+                } else if !part.dedup.first_seen(ev.event_id, ev.event_time_ms) {
+                    Metrics::inc(&self.metrics.duplicates);
+                    Ok(())
+                } else {
+                    match part.engine.apply(&ev, &mut part.alerts) {
+                        Ok(()) => {
+                            Metrics::inc(if replaying {
+                                &self.metrics.events_replayed
+                            } else {
+                                &self.metrics.events_applied
+                            });
+                            Ok(())
+                        }
+                        Err(ApplyError::TooLate { .. }) => {
+                            Metrics::inc(&self.metrics.too_late);
+                            Ok(())
+                        }
+                        Err(e) => Err((e.kind(), e.to_string())),
+                    }
+                }
+            }
+            Err(e) => match (&e, registry_error) {
+                (crate::codec::CodecError::UnknownSchemaId { .. }, Some(re)) => {
+                    Err(("schema_registry_unreachable", format!("{e} ({re})")))
+                }
+                _ => Err((e.kind(), e.to_string())),
+            },
+        };
+        if let Err((kind, reason)) = outcome {
+            if !replaying {
+                self.dead_letter(m, kind, &reason)?;
+            }
+        }
+        if !replaying {
+            consumer
+                .store_offset_from_message(m)
+                .context("storing the offset")?;
+        }
+        let part = self.partitions.get_mut(&p).expect("checked above");
+        part.next_offset = m.offset() + 1;
+        part.last_record = Instant::now();
+        self.after_engine_step(p)
+    }
+
+    /// Idle partitions move event time with the wall clock (minus the allowed
+    /// lateness), so cool-downs and silence alarms still run.
+    fn advance_idle(&mut self) {
+        let idle = Duration::from_millis(self.cfg.service.idle_advance_ms as u64);
+        let to = wall_ms() - self.cfg.engine.allowed_lateness_ms;
+        let ps: Vec<i32> = self
+            .partitions
+            .iter()
+            .filter(|(_, part)| {
+                part.active && part.caught_up() && part.last_record.elapsed() >= idle
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        for p in ps {
+            if let Some(part) = self.partitions.get_mut(&p) {
+                if part.engine.watermark_ms().is_none() {
+                    continue;
+                }
+                part.engine.advance_to(to, &mut part.alerts);
+            }
+            let _ = self.after_engine_step(p);
+        }
+    }
+
+    /// After the engine moved: alerts out, and after an evaluation tick the
+    /// state is saved, gauges updated and health reported.
+    fn after_engine_step(&mut self, p: i32) -> anyhow::Result<()> {
+        let Some(part) = self.partitions.get_mut(&p) else {
+            return Ok(());
+        };
+        let replaying = part.replaying();
+        for a in part.alerts.drain(..) {
+            if replaying {
+                continue; // the previous owner produced these
+            }
+            let key = a
+                .channel_id
+                .clone()
+                .unwrap_or_else(|| a.route_group.clone());
+            let bytes = a.to_avro().map_err(|e| anyhow!("alert encoding: {e}"))?;
+            let rec = BaseRecord::to(&self.cfg.kafka.alert_topic)
+                .key(key.as_bytes())
+                .payload(&bytes[..]);
+            if !kafka::send(&self.producer, rec) {
+                anyhow::bail!("alert produce failed; not committing past it");
+            }
+            Metrics::inc(&self.metrics.alerts_produced);
+        }
+        let evaluations = part.engine.stats().evaluations;
+        if evaluations == part.evaluations {
+            return Ok(());
+        }
+        part.evaluations = evaluations;
+        let Some(watermark) = part.engine.watermark_ms() else {
+            return Ok(());
+        };
+        let mut by_group: BTreeMap<String, Vec<crate::pipeline::ChannelHealth>> = BTreeMap::new();
+        for idx in 0..part.engine.channel_count() as ChannelIdx {
+            if !part.engine.has_events(idx) {
+                continue;
+            }
+            let h = part.engine.health(idx);
+            let machine = part.engine.machine(idx);
+            if part.saved.get(&h.id) != Some(machine) {
+                part.saved.insert(h.id.clone(), machine.clone());
+                self.store.save(StateWrite {
+                    group: h.group.clone(),
+                    channel: h.id.clone(),
+                    state: SavedState {
+                        saved_at_ms: watermark,
+                        machine: machine.clone(),
+                    },
+                });
+            }
+            let lat = part.engine.signals(idx).latency;
+            self.metrics.set_channel(
+                &h.id,
+                ChannelGauges {
+                    group: h.group.clone(),
+                    state: h.state.as_str().to_string(),
+                    score: h.score,
+                    health_weight: h.weight,
+                    p50_ms: lat.map(|l| l.p50_ms),
+                    p99_ms: h.p99_ms,
+                    error_rate: h.error_rate,
+                    partition: p,
+                    watermark_ms: watermark,
+                },
+            );
+            by_group.entry(h.group.clone()).or_default().push(h);
+        }
+        if !(part.caught_up() && part.engine.is_warm()) {
+            return Ok(());
+        }
+        for (group, channels) in by_group {
+            let report = HealthReport {
+                format: REPORT_FORMAT,
+                group: group.clone(),
+                instance: self.instance.clone(),
+                partition: p,
+                watermark_ms: watermark,
+                channels,
+            };
+            let bytes = report.to_json();
+            let rec = BaseRecord::to(&self.cfg.kafka.health_topic)
+                .key(group.as_bytes())
+                .payload(&bytes[..]);
+            if kafka::send(&self.producer, rec) {
+                Metrics::inc(&self.metrics.health_reports);
+            }
+        }
+        Ok(())
+    }
+}

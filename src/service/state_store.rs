@@ -1,0 +1,169 @@
+//! Durable state-machine state, so a channel DRAINED before a crash is still
+//! DRAINED after the takeover.
+//!
+//! One Redis hash per group, `hermes:{GROUP}:state` (same hash tag as the
+//! weights), field = channel id, value = JSON `{saved_at_ms, machine}`.
+//! Writes go through a script that keeps the newest by event time, so a
+//! late write from an instance that lost the partition cannot roll a newer
+//! owner's state back. Writes are queued and coalesced per channel (latest
+//! wins) on a background task that retries with backoff while Redis is
+//! down; the consumer never waits for them.
+
+use crate::publish::redact_url;
+use crate::state::StateMachine;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub fn state_key(group: &str) -> String {
+    format!("hermes:{{{group}}}:state")
+}
+
+/// What is stored per channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedState {
+    /// Event time (partition watermark) the machine reflects.
+    pub saved_at_ms: i64,
+    pub machine: StateMachine,
+}
+
+const KEEP_NEWEST_LUA: &str = r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if ok and type(doc) == 'table' and tonumber(doc['saved_at_ms']) and tonumber(doc['saved_at_ms']) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"#;
+
+/// One queued write.
+#[derive(Debug, Clone)]
+pub struct StateWrite {
+    pub group: String,
+    pub channel: String,
+    pub state: SavedState,
+}
+
+/// Handle to the background writer.
+#[derive(Clone)]
+pub struct StateStore {
+    tx: mpsc::UnboundedSender<StateWrite>,
+    client: redis::Client,
+    url_for_logs: String,
+}
+
+async fn connect(client: &redis::Client) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(2)));
+    client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+}
+
+impl StateStore {
+    /// Starts the writer task on the current runtime.
+    pub fn start(url: &str) -> anyhow::Result<StateStore> {
+        let client = redis::Client::open(url)
+            .map_err(|e| anyhow::anyhow!("bad redis url {}: {e}", redact_url(url)))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(writer(client.clone(), rx, redact_url(url)));
+        Ok(StateStore {
+            tx,
+            client,
+            url_for_logs: redact_url(url),
+        })
+    }
+
+    /// Queues a write (never blocks).
+    pub fn save(&self, w: StateWrite) {
+        let _ = self.tx.send(w);
+    }
+
+    /// Every saved channel state of a group.
+    pub async fn load(&self, group: &str) -> anyhow::Result<BTreeMap<String, SavedState>> {
+        let mut conn = connect(&self.client)
+            .await
+            .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))?;
+        let raw: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(state_key(group))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))?;
+        let mut out = BTreeMap::new();
+        for (channel, json) in raw {
+            match serde_json::from_str::<SavedState>(&json) {
+                Ok(s) => {
+                    out.insert(channel, s);
+                }
+                Err(e) => {
+                    tracing::warn!(group, channel, error = %e, "unreadable saved state ignored")
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrite>, url: String) {
+    let script = redis::Script::new(KEEP_NEWEST_LUA);
+    let mut pending: BTreeMap<(String, String), SavedState> = BTreeMap::new();
+    let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if pending.is_empty() {
+            match rx.recv().await {
+                Some(w) => {
+                    pending.insert((w.group, w.channel), w.state);
+                }
+                None => return,
+            }
+        }
+        while let Ok(w) = rx.try_recv() {
+            pending.insert((w.group, w.channel), w.state);
+        }
+        if conn.is_none() {
+            match connect(&client).await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    tracing::warn!(redis = %url, error = %e, queued = pending.len(), "state store unreachable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let mut failed = false;
+        while let Some(((group, channel), state)) = pending.pop_first() {
+            let json = match serde_json::to_string(&state) {
+                Ok(j) => j,
+                Err(_) => continue,
+            };
+            let r: redis::RedisResult<i64> = script
+                .key(state_key(&group))
+                .arg(&channel)
+                .arg(state.saved_at_ms)
+                .arg(json)
+                .invoke_async(c)
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(redis = %url, error = %e, "state write failed; retrying");
+                pending.entry((group, channel)).or_insert(state);
+                failed = true;
+                break;
+            }
+        }
+        if failed {
+            conn = None;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        } else {
+            backoff = Duration::from_millis(100);
+        }
+    }
+}

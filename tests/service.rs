@@ -1,0 +1,852 @@
+//! `hermes run` end to end: a real Kafka-protocol broker (tansu, SQLite
+//! storage), a real redis-server, Hermes as separate processes, and a
+//! synthetic gateway producing Avro request events.
+
+mod support;
+
+use hermes::alert::{AlertEvent, AlertKind};
+use hermes::codec::Encoder;
+use hermes::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use hermes::publish::{snapshot_key, WeightSnapshot};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{free_port, Hermes, RedisServer, Tansu};
+
+const TOPICS: &[(&str, u32)] = &[
+    ("hermes.requests", 3),
+    ("hermes.alerts", 1),
+    ("hermes.dead-letters", 1),
+    ("hermes.health", 2),
+];
+
+/// Channel → request partition (the gateway picks them explicitly so the
+/// channels are spread over partitions whatever the partitioner).
+const CHANNELS: &[(&str, i32)] = &[("free-a", 0), ("paid-a", 1), ("paid-b", 2)];
+
+fn config(brokers: &str, redis: &str, http_port: u16, free_cooldown_ms: i64) -> String {
+    let extra_kafka = std::env::var("HERMES_TEST_KAFKA_DEBUG")
+        .map(|d| format!("[kafka.properties]\ndebug = \"{d}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"
+[kafka]
+brokers = "{brokers}"
+session_timeout_ms = 6000
+# tansu 0.6 strands a SIGKILLed group leader's partitions; see the key's doc.
+rejoin_when_idle_ms = 12000
+{extra_kafka}
+
+[redis]
+url = "{redis}"
+
+[service]
+heartbeat_ms = 2000
+group_warmup_ms = 5000
+commit_interval_ms = 500
+reload_check_ms = 1000
+http_listen = "127.0.0.1:{http_port}"
+idle_advance_ms = 3000
+dedup_horizon_ms = 30000
+
+# Windows of seconds instead of minutes, so a test sees a whole incident.
+[engine]
+slice_ms = 1000
+short_window_ms = 10000
+long_window_ms = 30000
+evaluation_interval_ms = 1000
+allowed_lateness_ms = 2000
+
+[tiers.free.policy.states]
+cooldown_ms = {free_cooldown_ms}
+probation_min_samples = 20
+observe_passes = 2
+
+[[tiers.free.policy.states.recovery_steps]]
+until = 1.0
+step = 0.5
+every_ms = 2000
+
+[[groups]]
+id = "chat"
+
+[[groups.channels]]
+id = "free-a"
+tier = "free"
+price_per_1k_tokens = 0.0
+capacity_rps = 100.0
+
+[[groups.channels]]
+id = "paid-a"
+tier = "paid"
+price_per_1k_tokens = 0.5
+capacity_rps = 100.0
+
+[[groups.channels]]
+id = "paid-b"
+tier = "paid"
+price_per_1k_tokens = 0.6
+capacity_rps = 100.0
+"#
+    )
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+const HEALTHY: u8 = 0;
+const FAILING: u8 = 1;
+
+/// A synthetic gateway: `rps` events per second per channel, each channel
+/// healthy or failing (HTTP 503) as the test says.
+struct Gateway {
+    behavior: Arc<BTreeMap<&'static str, AtomicU8>>,
+    /// Events produced so far.
+    sent: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Gateway {
+    fn start(brokers: &str, rps: u32) -> Gateway {
+        let behavior: Arc<BTreeMap<&'static str, AtomicU8>> = Arc::new(
+            CHANNELS
+                .iter()
+                .map(|(c, _)| (*c, AtomicU8::new(HEALTHY)))
+                .collect(),
+        );
+        let sent = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("linger.ms", "5")
+            .create()
+            .expect("gateway producer");
+        let (b, s, st) = (behavior.clone(), sent.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut enc = Encoder::default();
+            let mut buf = Vec::new();
+            let mut seq = 0u64;
+            let tick = Duration::from_millis(50);
+            let per_tick = (rps as f64 * 0.05).max(1.0) as u32;
+            while !st.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                for (channel, partition) in CHANNELS {
+                    let failing = b[channel].load(Ordering::Relaxed) == FAILING;
+                    for _ in 0..per_tick {
+                        seq += 1;
+                        let id = format!("gw-{}-{seq}", std::process::id());
+                        let ev = event(&id, channel, failing, seq);
+                        buf.clear();
+                        enc.encode_plain(&ev, &mut buf).unwrap();
+                        let rec = BaseRecord::to("hermes.requests")
+                            .key(*channel)
+                            .partition(*partition)
+                            .timestamp(ev.event_time_ms)
+                            .payload(&buf[..]);
+                        if producer.send(rec).is_ok() {
+                            s.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                if let Some(rest) = tick.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+            }
+            let _ = producer.flush(Duration::from_secs(5));
+        });
+        Gateway {
+            behavior,
+            sent,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn set(&self, channel: &str, b: u8) {
+        self.behavior[channel].store(b, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
+    RequestEvent {
+        event_id: id,
+        event_time_ms: wall_ms(),
+        gateway_id: "gw-test",
+        channel_id: channel,
+        route_group: "chat",
+        model: "m",
+        traffic_class: match seq % 4 {
+            0 => TrafficClass::Interactive,
+            1 => TrafficClass::Core,
+            2 => TrafficClass::Batch,
+            _ => TrafficClass::Experimental,
+        },
+        attempt: 0,
+        http_status: if failing { 503 } else { 200 },
+        error_class: if failing {
+            ErrorClass::ServerError
+        } else {
+            ErrorClass::None
+        },
+        latency_ms: 300 + (seq % 200) as i32,
+        ttfb_ms: Some(80),
+        input_tokens: 500,
+        output_tokens: if failing { 0 } else { 400 },
+        finish_reason: if failing {
+            FinishReason::Error
+        } else {
+            FinishReason::Stop
+        },
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        is_probe: false,
+        cost: 0.0,
+        quota_remaining: None,
+        trace_id: None,
+    }
+}
+
+/// Every snapshot Redis held, read every 50 ms (what any gateway could have
+/// read), in order of observation.
+struct SnapshotLog {
+    seen: Arc<Mutex<Vec<WeightSnapshot>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SnapshotLog {
+    fn start(redis_url: &str) -> SnapshotLog {
+        let seen = Arc::new(Mutex::new(Vec::<WeightSnapshot>::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st, url) = (seen.clone(), stop.clone(), redis_url.to_string());
+        std::thread::spawn(move || {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            while !st.load(Ordering::Relaxed) {
+                if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_millis(500)) {
+                    let r: redis::RedisResult<Option<String>> =
+                        redis::cmd("GET").arg(snapshot_key("chat")).query(&mut c);
+                    if let Ok(Some(json)) = r {
+                        if let Ok(snap) = serde_json::from_str::<WeightSnapshot>(&json) {
+                            let mut v = s.lock().unwrap();
+                            if v.last() != Some(&snap) {
+                                v.push(snap);
+                            }
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        SnapshotLog { seen, stop }
+    }
+
+    fn latest(&self) -> Option<WeightSnapshot> {
+        self.seen.lock().unwrap().last().cloned()
+    }
+
+    fn all(&self) -> Vec<WeightSnapshot> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for SnapshotLog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn free_weight(s: &WeightSnapshot) -> f64 {
+    s.classes
+        .values()
+        .map(|c| c.weights.get("free-a").copied().unwrap_or(0.0))
+        .fold(0.0, f64::max)
+}
+
+fn free_state(s: &WeightSnapshot) -> String {
+    s.channels
+        .get("free-a")
+        .map(|c| c.state.clone())
+        .unwrap_or_default()
+}
+
+/// Waits for `check` on the latest snapshot; panics with context after
+/// `limit`.
+fn wait_for(
+    log: &SnapshotLog,
+    hermes: &[&Hermes],
+    limit: Duration,
+    what: &str,
+    check: impl Fn(&WeightSnapshot) -> bool,
+) -> Duration {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if log.latest().is_some_and(|s| check(&s)) {
+            return t0.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs: Vec<String> = hermes
+        .iter()
+        .map(|h| format!("{}\n{}", h.get("/status").unwrap_or_default(), h.log_tail()))
+        .collect();
+    panic!(
+        "timed out after {limit:?} waiting for {what}; latest snapshot {:?}\n{}",
+        log.latest(),
+        logs.join("\n-----\n")
+    );
+}
+
+/// Reads a whole topic from the start.
+fn read_topic(
+    brokers: &str,
+    topic: &str,
+    expect_at_least: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("test-reader-{topic}-{}", wall_ms()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    c.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                out.push(m.detach());
+                quiet_since = Instant::now();
+            }
+            _ => {
+                if out.len() >= expect_at_least && quiet_since.elapsed() > Duration::from_secs(2) {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The service tests run one at a time: each starts a broker, Redis and
+/// Hermes processes, and two cores shared by four of those would blur every
+/// bounded delay.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "hermes-service-{}-{}",
+        std::process::id(),
+        wall_ms()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let port = free_port();
+    let hermes = Hermes::start(
+        &dir,
+        "a",
+        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
+        port,
+    );
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+
+    // Warm-up: a window of data, then the first snapshot.
+    let first = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    eprintln!("first snapshot {first:?} after start");
+    assert!(
+        log.all().iter().all(|s| s.computed_at_ms > 0),
+        "nothing published before warm-up"
+    );
+
+    gw.set("free-a", FAILING);
+    let t_bad = Instant::now();
+    let drained = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(30),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
+    );
+    eprintln!("drained in Redis {drained:?} after the fault began");
+
+    std::thread::sleep(Duration::from_secs(3));
+    gw.set("free-a", HEALTHY);
+    let recovered = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(120),
+        "free-a recovered",
+        |s| free_state(s) == "HEALTHY" && free_weight(s) > 0.0,
+    );
+    eprintln!(
+        "recovered in Redis {recovered:?} after the fault ended ({:?} after it began)",
+        t_bad.elapsed()
+    );
+
+    // Versions never go back, whatever a gateway read.
+    let all = log.all();
+    for w in all.windows(2) {
+        assert!(
+            (w[1].epoch, w[1].version) >= (w[0].epoch, w[0].version),
+            "regression {:?} -> {:?}",
+            (w[0].epoch, w[0].version),
+            (w[1].epoch, w[1].version)
+        );
+    }
+
+    // Every alert decodes; free-a's transitions form one chain through
+    // DRAINED and back to HEALTHY.
+    drop(gw);
+    let alerts = read_topic(&kafka.bootstrap(), "hermes.alerts", 4);
+    let decoded: Vec<AlertEvent> = alerts
+        .iter()
+        .map(|m| AlertEvent::from_avro(m.payload().unwrap()).expect("alert decodes"))
+        .collect();
+    let chain: Vec<(String, String)> = decoded
+        .iter()
+        .filter(|a| a.kind == AlertKind::Transition && a.channel_id.as_deref() == Some("free-a"))
+        .map(|a| (a.from_state.clone().unwrap(), a.to_state.clone().unwrap()))
+        .collect();
+    eprintln!("free-a transitions: {chain:?}");
+    assert_eq!(chain.first().map(|c| c.0.as_str()), Some("HEALTHY"));
+    assert!(chain.iter().any(|c| c.1 == "DRAINED"));
+    assert_eq!(chain.last().map(|c| c.1.as_str()), Some("HEALTHY"));
+    for w in chain.windows(2) {
+        assert_eq!(w[0].1, w[1].0, "transitions chain: {chain:?}");
+    }
+    for (m, a) in alerts.iter().zip(&decoded) {
+        let want = a.channel_id.as_deref().unwrap_or(&a.route_group);
+        assert_eq!(
+            m.key(),
+            Some(want.as_bytes()),
+            "alerts are keyed by channel"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bare producer for hand-made records.
+fn producer(brokers: &str) -> ThreadedProducer<DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap()
+}
+
+fn wait_metric(h: &Hermes, series: &str, want: f64, limit: Duration) {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if h.metric(series) == Some(want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!(
+        "{series} = {:?}, want {want}\n{}\n{}",
+        h.metric(series),
+        h.get("/metrics").unwrap_or_default(),
+        h.log_tail()
+    );
+}
+
+#[test]
+fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let port = free_port();
+    let hermes = Hermes::start(
+        &dir,
+        "a",
+        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
+        port,
+    );
+    let p = producer(&kafka.bootstrap());
+    let mut enc = Encoder::default();
+    let mut garbage: Vec<Vec<u8>> = Vec::new();
+    let (good, bad, dups) = (10_000u64, 10_000u64, 100u64);
+    let mut good_sent = Vec::new();
+    for i in 0..good {
+        let (channel, partition) = CHANNELS[(i % 3) as usize];
+        let id = format!("good-{i}");
+        let mut ev = event(&id, channel, false, i);
+        ev.event_time_ms = wall_ms();
+        let mut buf = Vec::new();
+        enc.encode_plain(&ev, &mut buf).unwrap();
+        // One garbage record of a rotating kind after every good one.
+        let g: Vec<u8> = match i % 5 {
+            // Not Avro at all.
+            0 => vec![0x7f, 0xff, (i & 0xff) as u8, 0x13, 0x37],
+            // A good datum cut short.
+            1 => buf[..buf.len() / 2].to_vec(),
+            // Decodes, but no such channel.
+            2 => {
+                let id = format!("ghost-{i}");
+                let ev = event(&id, "no-such-channel", false, i);
+                let mut b = Vec::new();
+                enc.encode_plain(&ev, &mut b).unwrap();
+                b
+            }
+            // Decodes, but invalid (negative latency).
+            3 => {
+                let id = format!("neg-{i}");
+                let mut ev = event(&id, channel, false, i);
+                ev.latency_ms = -5;
+                let mut b = Vec::new();
+                enc.encode_plain(&ev, &mut b).unwrap();
+                b
+            }
+            // Confluent framing with a schema id nobody registered.
+            _ => {
+                let mut b = vec![0u8, 0, 0, 0x30, 0x39];
+                b.extend_from_slice(&buf);
+                b
+            }
+        };
+        for payload in [&buf, &g] {
+            let rec = BaseRecord::to("hermes.requests")
+                .key(channel)
+                .partition(partition)
+                .payload(&payload[..]);
+            let mut rec = rec;
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((_, r)) => {
+                        rec = r;
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        garbage.push(g);
+        good_sent.push(buf);
+    }
+    assert_eq!(garbage.len() as u64, bad);
+    // The same events again: ignored by event id, neither applied nor
+    // dead-lettered.
+    for (i, buf) in good_sent.iter().take(dups as usize).enumerate() {
+        let (channel, partition) = CHANNELS[i % 3];
+        p.send(
+            BaseRecord::to("hermes.requests")
+                .key(channel)
+                .partition(partition)
+                .payload(&buf[..]),
+        )
+        .unwrap();
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+
+    let limit = Duration::from_secs(120);
+    wait_metric(
+        &hermes,
+        "hermes_events_consumed_total",
+        (good + bad + dups) as f64,
+        limit,
+    );
+    wait_metric(&hermes, "hermes_events_applied_total", good as f64, limit);
+    wait_metric(&hermes, "hermes_events_duplicate_total", dups as f64, limit);
+
+    let dead = read_topic(&kafka.bootstrap(), "hermes.dead-letters", bad as usize);
+    assert_eq!(
+        dead.len() as u64,
+        bad,
+        "every garbage record dead-lettered, once"
+    );
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let mut payloads: Vec<Vec<u8>> = Vec::new();
+    for m in &dead {
+        let h = m.headers().expect("dead letters carry headers");
+        let header = |k: &str| {
+            h.iter()
+                .find(|x| x.key == k)
+                .and_then(|x| x.value)
+                .map(|v| String::from_utf8_lossy(v).to_string())
+        };
+        let reason = header("reason").expect("a reason header");
+        assert!(!reason.is_empty());
+        assert!(header("source.offset").is_some());
+        *kinds
+            .entry(header("kind").expect("a kind header"))
+            .or_default() += 1;
+        payloads.push(m.payload().unwrap_or(&[]).to_vec());
+    }
+    eprintln!("dead letters by kind: {kinds:?}");
+    payloads.sort();
+    garbage.sort();
+    assert!(
+        payloads == garbage,
+        "the original bytes of every garbage record"
+    );
+    assert_eq!(kinds.get("unknown_channel"), Some(&2_000));
+    assert_eq!(kinds.get("invalid"), Some(&2_000));
+    assert_eq!(kinds.get("unknown_schema_id"), Some(&2_000));
+    assert_eq!(kinds.get("truncated_datum"), Some(&2_000));
+    assert_eq!(kinds.get("malformed"), Some(&2_000));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The state of `channel` if this instance's engines evaluate it (from its
+/// `/metrics`); Err if the instance did not answer.
+fn owns(h: &Hermes, channel: &str) -> Result<Option<String>, ()> {
+    let text = h.get("/metrics").ok_or(())?;
+    let prefix = format!("hermes_channel_state{{group=\"chat\",channel=\"{channel}\",state=\"");
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_string))
+}
+
+#[test]
+fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    // A long cool-down: free-a must still be DRAINED after the takeover, and
+    // only restored state can know that (its events are healthy again).
+    let cooldown = 120_000;
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = Hermes::start(
+        &dir,
+        "a",
+        &config(&kafka.bootstrap(), &redis.url(), pa, cooldown),
+        pa,
+    );
+    let mut b = Hermes::start(
+        &dir,
+        "b",
+        &config(&kafka.bootstrap(), &redis.url(), pb, cooldown),
+        pb,
+    );
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&a, &b],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    // Both instances hold partitions.
+    let t0 = Instant::now();
+    while !(a
+        .get("/metrics")
+        .is_some_and(|m| m.contains("hermes_channel_state"))
+        && b.get("/metrics")
+            .is_some_and(|m| m.contains("hermes_channel_state")))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the partitions were not split:\n{}\n{}",
+            a.log_tail(),
+            b.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&a, &b],
+        Duration::from_secs(30),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
+    );
+    let drained_at = log.all().len() - 1;
+    gw.set("free-a", HEALTHY);
+    std::thread::sleep(Duration::from_secs(3));
+
+    let a_owns = loop {
+        match (owns(&a, "free-a"), owns(&b, "free-a")) {
+            (Ok(Some(_)), Ok(None)) => break true,
+            (Ok(None), Ok(Some(_))) => break false,
+            other => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(120),
+                    "no single owner of free-a: {other:?}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    };
+    let (victim, survivor) = if a_owns { (&mut a, &b) } else { (&mut b, &a) };
+    eprintln!("killing instance {}", if a_owns { "a" } else { "b" });
+    let killed_ms = wall_ms();
+    victim.kill(); // SIGKILL
+    let t_kill = Instant::now();
+    while owns(survivor, "free-a") != Ok(Some("DRAINED".into())) {
+        assert!(
+            t_kill.elapsed() < Duration::from_secs(60),
+            "no takeover (free-a on the survivor: {:?}):\n{}",
+            owns(survivor, "free-a"),
+            survivor.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // DRAINED: restored state, not re-derived from the healthy events.
+    let took_over = t_kill.elapsed();
+    // The survivor writes the group (a new epoch if it was the victim's).
+    let fresh = wait_for(
+        &log,
+        &[survivor],
+        Duration::from_secs(60),
+        "a snapshot written after the kill",
+        |s| s.heartbeat_ms > killed_ms + 1_000,
+    );
+    std::thread::sleep(Duration::from_secs(10));
+    eprintln!(
+        "takeover of free-a's partition {took_over:?} after SIGKILL; fresh snapshot after {fresh:?}; {} events produced",
+        gw.sent.load(Ordering::Relaxed)
+    );
+
+    let all = log.all();
+    for w in all.windows(2) {
+        assert!(
+            (w[1].epoch, w[1].version) >= (w[0].epoch, w[0].version),
+            "regression {:?} -> {:?}",
+            (w[0].epoch, w[0].version),
+            (w[1].epoch, w[1].version)
+        );
+    }
+    for s in &all[drained_at..] {
+        assert_eq!(free_state(s), "DRAINED", "v{}.{}", s.epoch, s.version);
+        assert_eq!(free_weight(s), 0.0, "v{}.{}", s.epoch, s.version);
+    }
+    eprintln!(
+        "snapshots seen: {:?}",
+        all.iter().map(|s| (s.epoch, s.version)).collect::<Vec<_>>()
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn redis_down_for_ten_seconds_hermes_keeps_consuming_and_republishes() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let mut redis = RedisServer::start();
+    let dir = dir();
+    let port = free_port();
+    let hermes = Hermes::start(
+        &dir,
+        "a",
+        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
+        port,
+    );
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let client = hermes::client::WeightClient::start(
+        &redis.url(),
+        "chat",
+        hermes::client::ClientOptions {
+            refresh_interval: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while client.table().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no snapshot:\n{}",
+            hermes.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = client.status();
+    let consumed_before = hermes.metric("hermes_events_consumed_total").unwrap();
+
+    redis.kill();
+    let down = Instant::now();
+    let mut served = 0;
+    while down.elapsed() < Duration::from_secs(10) {
+        // The gateway keeps routing by its last snapshot.
+        assert!(client.table().is_some());
+        served += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let consumed_during = hermes.metric("hermes_events_consumed_total").unwrap();
+    assert!(
+        consumed_during > consumed_before + 1_000.0,
+        "kept consuming while Redis was down: {consumed_before} -> {consumed_during}"
+    );
+    let age = client.status().snapshot_age_ms.unwrap_or(0);
+    assert!(
+        age >= 9_000,
+        "the client reports the snapshot's age ({age} ms)"
+    );
+
+    redis.restart(); // empty: no persistence
+    let up = Instant::now();
+    loop {
+        let st = client.status();
+        if st.snapshot_age_ms.is_some_and(|a| a < 5_000)
+            && st.since_last_read_ms.is_some_and(|r| r < 2_000)
+        {
+            break;
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(30),
+            "not republished after Redis came back: {st:?}\n{}",
+            hermes.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "served the last snapshot {served} times over 10 s; republished {:?} after Redis returned; before {before:?}, after {:?}",
+        up.elapsed(),
+        client.status()
+    );
+    assert!(
+        hermes
+            .metric("hermes_snapshot_failures_total")
+            .unwrap_or(0.0)
+            > 0.0
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
