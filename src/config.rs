@@ -93,12 +93,6 @@ pub struct KafkaConfig {
     /// reads all of it; see `service::groups`).
     pub health_topic: String,
     pub session_timeout_ms: i64,
-    /// If this instance holds no request partition for this long, it leaves
-    /// and rejoins the consumer group (0: never). A workaround for brokers
-    /// whose coordinator strands a dead leader's partitions (tansu 0.6 after
-    /// a SIGKILL); leave it 0 on Apache Kafka, where an instance without
-    /// partitions is normal when there are more instances than partitions.
-    pub rejoin_when_idle_ms: i64,
     /// Schema Registry base URL (`http://host:port`) for Confluent-framed
     /// records; empty: plain datums only.
     pub schema_registry_url: String,
@@ -116,7 +110,6 @@ impl Default for KafkaConfig {
             dead_letter_topic: "hermes.dead-letters".into(),
             health_topic: "hermes.health".into(),
             session_timeout_ms: 10_000,
-            rejoin_when_idle_ms: 0,
             schema_registry_url: String::new(),
             properties: BTreeMap::new(),
         }
@@ -143,16 +136,6 @@ impl KafkaConfig {
             v.push("kafka.group_id", "must not be empty");
         }
         v.positive_ms("kafka.session_timeout_ms".into(), self.session_timeout_ms);
-        if self.rejoin_when_idle_ms != 0 && self.rejoin_when_idle_ms < 2 * self.session_timeout_ms {
-            v.push(
-                "kafka.rejoin_when_idle_ms",
-                format!(
-                    "must be 0 (off) or at least twice kafka.session_timeout_ms ({} ms), got {}",
-                    2 * self.session_timeout_ms,
-                    self.rejoin_when_idle_ms
-                ),
-            );
-        }
         if !self.schema_registry_url.is_empty() && !self.schema_registry_url.starts_with("http://")
         {
             v.push(

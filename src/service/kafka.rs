@@ -51,24 +51,37 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
 #[derive(Default)]
 pub struct Deliveries {
     pub delivered: AtomicU64,
+    /// Failed records that offsets depend on (alerts, dead letters).
     pub failed: AtomicU64,
+    /// Failed best-effort records (health reports: the next one replaces
+    /// them).
+    pub failed_best_effort: AtomicU64,
 }
 
 /// Counts acknowledgements; a failure is logged with its topic (the payload
 /// is not logged: it may be a gateway's data).
-pub struct DeliveryTracker(pub Arc<Deliveries>);
+pub struct DeliveryTracker {
+    pub deliveries: Arc<Deliveries>,
+    /// Topic whose records are best effort.
+    pub best_effort_topic: String,
+}
 
 impl ClientContext for DeliveryTracker {}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let d = &self.deliveries;
         match result {
             Ok(_) => {
-                self.0.delivered.fetch_add(1, Ordering::Relaxed);
+                d.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, m)) if m.topic() == self.best_effort_topic => {
+                d.failed_best_effort.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(topic = m.topic(), error = %e, "health report not delivered (the next one replaces it)");
             }
             Err((e, m)) => {
-                self.0.failed.fetch_add(1, Ordering::Relaxed);
+                d.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(topic = m.topic(), error = %e, "output record not delivered");
             }
         }
@@ -83,7 +96,10 @@ pub fn output_producer(kafka: &KafkaConfig) -> anyhow::Result<(OutputProducer, A
     let p = client_config(kafka)
         .set("linger.ms", "5")
         .set("enable.idempotence", "true")
-        .create_with_context(DeliveryTracker(d.clone()))?;
+        .create_with_context(DeliveryTracker {
+            deliveries: d.clone(),
+            best_effort_topic: kafka.health_topic.clone(),
+        })?;
     Ok((p, d))
 }
 

@@ -54,8 +54,10 @@ pub struct Metrics {
     channels: Mutex<BTreeMap<String, ChannelGauges>>,
     weight_changes: Mutex<BTreeMap<String, u64>>,
     groups: Mutex<BTreeMap<String, GroupGauges>>,
-    /// Request partition → (lag in records, owned).
+    /// Request partition → lag in records.
     lag: Mutex<BTreeMap<i32, i64>>,
+    /// Request partitions this instance holds.
+    owned: Mutex<std::collections::BTreeSet<i32>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -88,6 +90,10 @@ impl Metrics {
     pub fn forget_partition(&self, partition: i32) {
         lock(&self.channels).retain(|_, g| g.partition != partition);
         lock(&self.lag).remove(&partition);
+    }
+
+    pub fn set_owned(&self, owned: std::collections::BTreeSet<i32>) {
+        *lock(&self.owned) = owned;
     }
 
     pub fn set_lag(&self, partition: i32, lag: i64) {
@@ -203,6 +209,10 @@ impl Metrics {
         let _ = writeln!(s, "# HELP hermes_dead_letters_total Records sent to the dead-letter topic, by reason kind.\n# TYPE hermes_dead_letters_total counter");
         for (k, n) in lock(&self.dead_letters).iter() {
             let _ = writeln!(s, "hermes_dead_letters_total{{kind=\"{k}\"}} {n}");
+        }
+        let _ = writeln!(s, "# HELP hermes_partition_assigned Request partitions this instance holds.\n# TYPE hermes_partition_assigned gauge");
+        for p in lock(&self.owned).iter() {
+            let _ = writeln!(s, "hermes_partition_assigned{{partition=\"{p}\"}} 1");
         }
         let _ = writeln!(s, "# HELP hermes_consumer_lag Records between the last applied offset and the high watermark.\n# TYPE hermes_consumer_lag gauge");
         for (p, lag) in lock(&self.lag).iter() {

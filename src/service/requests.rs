@@ -401,7 +401,6 @@ impl LoopState {
         let decoder = Decoder::new(WireFormat::Auto);
         let mut next_commit = Instant::now();
         let mut next_housekeeping = Instant::now();
-        let mut idle_since = Some(Instant::now());
         while !self.stop.load(Ordering::Relaxed) {
             let polled = consumer.poll(Duration::from_millis(100));
             self.handle_rebalances(consumer);
@@ -420,7 +419,6 @@ impl LoopState {
                 if drained {
                     self.advance_idle();
                 }
-                self.rejoin_if_idle(consumer, &mut idle_since)?;
             }
             if Instant::now() >= next_commit {
                 next_commit = Instant::now()
@@ -432,36 +430,16 @@ impl LoopState {
         Ok(())
     }
 
-    /// See `kafka.rejoin_when_idle_ms`.
-    fn rejoin_if_idle(
-        &mut self,
-        consumer: &RequestConsumer,
-        idle_since: &mut Option<Instant>,
-    ) -> anyhow::Result<()> {
-        let limit = self.cfg.kafka.rejoin_when_idle_ms;
-        if self.partitions.values().any(|p| p.active) {
-            *idle_since = None;
+    /// Commits the stored offsets once every output produced so far is
+    /// acknowledged. A slow broker only delays the commit (the stored
+    /// offsets wait for the next round); an output that failed for good
+    /// (after librdkafka's own retries) stops the loop without committing
+    /// past it.
+    fn commit(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        if let Err(e) = self.producer.flush(Duration::from_secs(2)) {
+            tracing::debug!(error = %e, "outputs still in flight; commit waits for the next round");
             return Ok(());
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if limit > 0 && since.elapsed() >= Duration::from_millis(limit as u64) {
-            tracing::warn!(
-                idle_ms = since.elapsed().as_millis() as u64,
-                "no request partition assigned; leaving and rejoining the consumer group"
-            );
-            *idle_since = Some(Instant::now());
-            consumer.unsubscribe();
-            consumer
-                .subscribe(&[self.cfg.kafka.request_topic.as_str()])
-                .context("resubscribing to the request topic")?;
-        }
-        Ok(())
-    }
-
-    fn commit(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
-        self.producer
-            .flush(BROKER_TIMEOUT)
-            .map_err(|e| anyhow!("outputs not acknowledged, not committing: {e}"))?;
         let failed = self.deliveries.failed.load(Ordering::Relaxed);
         if failed > 0 {
             anyhow::bail!(
@@ -532,13 +510,14 @@ impl LoopState {
             return;
         }
         self.apply_rebalances(events);
-        self.ownership.set_owned(
-            self.partitions
-                .iter()
-                .filter(|(_, p)| p.active)
-                .map(|(p, _)| *p)
-                .collect(),
-        );
+        let owned: std::collections::BTreeSet<i32> = self
+            .partitions
+            .iter()
+            .filter(|(_, p)| p.active)
+            .map(|(p, _)| *p)
+            .collect();
+        self.metrics.set_owned(owned.clone());
+        self.ownership.set_owned(owned);
         let topic = &self.cfg.kafka.request_topic;
         if let Ok(md) = consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
             if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
