@@ -1,48 +1,36 @@
-//! `hermes demo`: the whole loop on one machine with nothing installed.
+//! `hermes demo`: the whole service on one machine with nothing installed.
 //!
-//! - librdkafka's in-process mock cluster carries the request topic, the
-//!   alert topic and the dead-letter topic;
+//! - librdkafka's in-process mock cluster carries the request, alert,
+//!   dead-letter and health topics;
+//! - the service itself (`service::Service`, the same loops `hermes run`
+//!   runs) consumes, dead-letters, evaluates, reports health, plans and
+//!   publishes, with the weights in process, or in Redis through the fenced
+//!   Lua write when `--redis` is given;
 //! - simulated gateways (the simulator's channel model, on the wall clock)
 //!   produce Avro request events keyed by channel, route every request by
-//!   the weights currently published, and now and then send an undecodable
-//!   record;
-//! - a Kafka consumer decodes, applies events to the same `Pipeline` the
-//!   simulator drives, sends bad records to the dead-letter topic with their
-//!   reason, and stores offsets only after an event was applied (at least
-//!   once);
-//! - after every re-plan the snapshot goes to the weight store: in process,
-//!   or Redis through the fenced Lua write when `--redis` is given (gateways
-//!   then read it with `client::WeightClient`, one GET per refresh);
-//! - every alert is produced to the alert topic as Avro;
-//! - a status table refreshes every second.
-//!
-//! Scope: one Hermes instance owning every partition. Multi-instance
-//! consumer groups (the per-group health topic, rebalance restore, state
-//! persistence) are the service's job and not built yet.
+//!   the published weights (their static trust-tier table until the first
+//!   snapshot: Hermes publishes nothing before warm-up), and now and then
+//!   send an undecodable record;
+//! - a status table (the service's `/status` view) refreshes every second.
 
 use crate::alert::AlertEvent;
 use crate::client::{ClientOptions, Pick, RoutingTable, WeightClient};
-use crate::codec::{Decoder, Encoder, SchemaCache, WireFormat};
+use crate::codec::Encoder;
 use crate::config::Config;
-use crate::event::TrafficClass;
-use crate::pipeline::Pipeline;
-use crate::publish::redis::{PublisherOptions, RedisPublisher};
-use crate::publish::WeightSnapshot;
+use crate::publish::{InProcessStore, WeightSnapshot};
+use crate::service::metrics::Metrics;
+use crate::service::{Service, Store};
 use crate::sim::scenario::{Behavior, Scenario};
 use crate::sim::{answer, Request, Rng};
 use anyhow::{anyhow, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-
-pub const REQUEST_TOPIC: &str = "hermes.requests";
-pub const ALERT_TOPIC: &str = "hermes.alerts";
-pub const DEAD_LETTER_TOPIC: &str = "hermes.dead-letters";
 
 /// Demo settings.
 pub struct DemoOptions {
@@ -57,6 +45,8 @@ pub struct DemoOptions {
     pub show_status: bool,
     /// One garbage record per this many events (0: none).
     pub garbage_every: u64,
+    /// Serve `/metrics` and `/status` here (ip:port).
+    pub http_listen: Option<String>,
 }
 
 /// What a demo run did, for its caller and tests.
@@ -66,6 +56,8 @@ pub struct DemoSummary {
     pub consumed: u64,
     pub applied: u64,
     pub dead_lettered: u64,
+    pub duplicates: u64,
+    pub too_late: u64,
     pub garbage_sent: u64,
     pub alerts_produced: u64,
     pub final_states: BTreeMap<String, String>,
@@ -107,26 +99,55 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Where gateways get their routing table from.
+/// Where gateways get their routing table from: the service's weight store
+/// (in process or Redis), with the static trust-tier table from the config
+/// as the fallback until the first snapshot (what a real gateway's own
+/// config gives it: Hermes never publishes before warm-up).
 #[derive(Clone)]
-enum WeightSource {
-    InProcess(Arc<RwLock<Option<Arc<RoutingTable>>>>),
+struct WeightSource {
+    group: String,
+    store: StoreReader,
+    fallback: Arc<RoutingTable>,
+    current: Arc<RwLock<Option<Arc<RoutingTable>>>>,
+    versions: Arc<RwLock<Vec<u64>>>,
+}
+
+#[derive(Clone)]
+enum StoreReader {
+    InProcess(Arc<InProcessStore>),
     Redis(WeightClient),
 }
 
 impl WeightSource {
-    fn table(&self) -> Option<Arc<RoutingTable>> {
-        match self {
-            WeightSource::InProcess(t) => t.read().ok().and_then(|g| g.clone()),
-            WeightSource::Redis(c) => c.table(),
+    fn table(&self) -> Arc<RoutingTable> {
+        let latest = match &self.store {
+            StoreReader::InProcess(s) => s.get(&self.group),
+            StoreReader::Redis(c) => c.table().map(|t| t.snapshot.clone()),
+        };
+        let Some(snap) = latest else {
+            return self.fallback.clone();
+        };
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        let stale = cur
+            .as_ref()
+            .is_none_or(|t| (t.snapshot.epoch, t.snapshot.version) != (snap.epoch, snap.version));
+        if stale {
+            let mut v = self.versions.write().unwrap_or_else(|p| p.into_inner());
+            if v.last() != Some(&snap.version) {
+                v.push(snap.version);
+            }
+            *cur = Some(Arc::new(RoutingTable::new(snap)));
         }
+        cur.clone().unwrap_or_else(|| self.fallback.clone())
     }
 }
 
 /// Simulated gateways: arrivals every 100 ms, routed by the current table,
 /// answered by the scenario's channel model, produced to Kafka.
+#[allow(clippy::too_many_arguments)]
 async fn gateways(
     sc: Arc<Scenario>,
+    topic: String,
     producer: FutureProducer,
     weights: WeightSource,
     started: Instant,
@@ -161,11 +182,8 @@ async fn gateways(
             let n = rng.poisson(tr.rps * 0.1);
             for _ in 0..n {
                 let class = tr.class.class();
-                let channel = match table
-                    .as_ref()
-                    .map(|t| t.pick(class, rng.f64(), rng.f64(), rng.f64()))
-                {
-                    Some(Pick::Channel(id)) => sc.channels.iter().position(|c| c.id == id),
+                let channel = match table.pick(class, rng.f64(), rng.f64(), rng.f64()) {
+                    Pick::Channel(id) => sc.channels.iter().position(|c| c.id == id),
                     _ => None,
                 };
                 if let Some(channel) = channel {
@@ -214,7 +232,7 @@ async fn gateways(
             }
             let key = sc.channels[j].id.as_str();
             if producer
-                .send_result(FutureRecord::to(REQUEST_TOPIC).key(key).payload(&buf))
+                .send_result(FutureRecord::to(&topic).key(key).payload(&buf))
                 .is_ok()
             {
                 counters.0.fetch_add(1, Ordering::Relaxed);
@@ -222,11 +240,7 @@ async fn gateways(
             if garbage_every > 0 && seq % garbage_every == 0 {
                 let garbage = [0x7fu8, 0x01, 0x02, 0x03, (seq & 0xff) as u8];
                 if producer
-                    .send_result(
-                        FutureRecord::to(REQUEST_TOPIC)
-                            .key(key)
-                            .payload(&garbage[..]),
-                    )
+                    .send_result(FutureRecord::to(&topic).key(key).payload(&garbage[..]))
                     .is_ok()
                 {
                     counters.1.fetch_add(1, Ordering::Relaxed);
@@ -236,99 +250,35 @@ async fn gateways(
     }
 }
 
-fn status_table(p: &Pipeline, group: &str, summary: &DemoSummary, elapsed_s: f64) -> String {
-    let plan = p.scheduler.plan(group);
-    let mut s = format!(
-        "hermes demo  t={elapsed_s:>5.0}s  events consumed {}  applied {}  dead-lettered {}  alerts {}  plan v{}\n",
-        summary.consumed,
-        summary.applied,
-        summary.dead_lettered,
-        summary.alerts_produced,
-        plan.map_or(0, |p| p.version)
-    );
-    s.push_str(&format!(
-        "{:<10} {:<11} {:>6} {:>7} {:>8} {:>8} {:>8} {:>8}  {}\n",
-        "channel",
-        "state",
-        "score",
-        "health",
-        "core_w",
-        "batch_w",
-        "p99_ms",
-        "err_%",
-        "top signals"
-    ));
-    for h in p.engine.health_all() {
-        let idx = p.engine.channel_index(&h.id);
-        let why = idx
-            .and_then(|i| p.engine.score(i))
-            .map(|sc| {
-                sc.breakdown()
-                    .iter()
-                    .take(3)
-                    .map(|(k, c)| format!("{}={c:.2}", k.name()))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default();
-        s.push_str(&format!(
-            "{:<10} {:<11} {:>6} {:>7.2} {:>8.2} {:>8.2} {:>8} {:>8}  {}\n",
-            h.id,
-            h.state.as_str(),
-            h.score.map_or("-".into(), |v| format!("{v:.2}")),
-            h.weight,
-            plan.map_or(0.0, |p| p.weight(TrafficClass::Core, &h.id)),
-            plan.map_or(0.0, |p| p.weight(TrafficClass::Batch, &h.id)),
-            h.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
-            h.error_rate
-                .map_or("-".into(), |v| format!("{:.1}", v * 100.0)),
-            why
-        ));
-    }
-    s
+fn status_table(metrics: &Metrics, produced: u64, elapsed_s: f64, versions: &[u64]) -> String {
+    format!(
+        "hermes demo  t={elapsed_s:>5.0}s  events produced {produced}  weight versions seen by the gateways {}\n{}",
+        versions.len(),
+        metrics.render_status()
+    )
 }
 
 /// Runs the demo; returns what happened.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     let sc = Arc::new(opts.scenario);
     let cfg_text = sc.hermes_config_text(None).map_err(|e| anyhow!(e))?;
-    let cfg = Arc::new(Config::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?);
+    let mut cfg = Config::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?;
     let group = cfg.groups[0].id.clone();
 
     let mock = MockCluster::new(1).context("starting the in-process Kafka mock cluster")?;
-    mock.create_topic(REQUEST_TOPIC, 3, 1)?;
-    mock.create_topic(ALERT_TOPIC, 1, 1)?;
-    mock.create_topic(DEAD_LETTER_TOPIC, 1, 1)?;
+    mock.create_topic(&cfg.kafka.request_topic, 3, 1)?;
+    mock.create_topic(&cfg.kafka.alert_topic, 1, 1)?;
+    mock.create_topic(&cfg.kafka.dead_letter_topic, 1, 1)?;
+    mock.create_topic(&cfg.kafka.health_topic, 1, 1)?;
     let bootstrap = mock.bootstrap_servers();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .context("creating the producer")?;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "hermes")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "true")
-        // Offsets are stored only after the event was applied.
-        .set("enable.auto.offset.store", "false")
-        .create()
-        .context("creating the consumer")?;
-    consumer
-        .subscribe(&[REQUEST_TOPIC])
-        .context("subscribing")?;
-
-    let mut pipeline = Pipeline::new(cfg.clone());
-    let mut publisher = match &opts.redis_url {
+    cfg.kafka.brokers = bootstrap.clone();
+    cfg.kafka.session_timeout_ms = 6_000;
+    cfg.service.http_listen = opts.http_listen.clone().unwrap_or_default();
+    cfg.service.reload_check_ms = 0;
+    let (store, reader) = match &opts.redis_url {
         Some(url) => {
-            Some(RedisPublisher::new(url, PublisherOptions::default()).map_err(|e| anyhow!(e))?)
-        }
-        None => None,
-    };
-    let in_process = Arc::new(RwLock::new(None));
-    let weights = match &opts.redis_url {
-        Some(url) => WeightSource::Redis(
-            WeightClient::start(
+            cfg.redis.url = url.clone();
+            let client = WeightClient::start(
                 url,
                 &group,
                 ClientOptions {
@@ -336,156 +286,98 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
                     ..ClientOptions::default()
                 },
             )
-            .map_err(|e| anyhow!(e))?,
-        ),
-        None => WeightSource::InProcess(in_process.clone()),
+            .map_err(|e| anyhow!(e))?;
+            (Store::Redis, StoreReader::Redis(client))
+        }
+        None => {
+            let s = Arc::new(InProcessStore::default());
+            (Store::InProcess(s.clone()), StoreReader::InProcess(s))
+        }
     };
-    let mut summary = DemoSummary::default();
-    // In-process store: swap in the new table (the Redis store is written
-    // by the publisher below and read by the gateways' WeightClient).
-    let publish = |plan: &crate::schedule::Plan, summary: &mut DemoSummary| {
-        let snap = WeightSnapshot::from_plan(plan, 1, now_ms());
-        if summary.snapshot_versions.last() != Some(&snap.version) {
-            summary.snapshot_versions.push(snap.version);
-        }
-        if let Ok(mut g) = in_process.write() {
-            *g = Some(Arc::new(RoutingTable::new(snap.clone())));
-        }
-        snap
+    // The gateways' static table: the trust-tier shares of the config.
+    let cfg = Arc::new(cfg);
+    let mut scheduler = crate::schedule::Scheduler::new(cfg.clone());
+    let (initial, _) = scheduler.plan_group(0, 0, &[], false);
+    let weights = WeightSource {
+        group: group.clone(),
+        store: reader,
+        fallback: Arc::new(RoutingTable::new(WeightSnapshot::from_plan(initial, 0, 0))),
+        current: Arc::new(RwLock::new(None)),
+        versions: Arc::new(RwLock::new(Vec::new())),
     };
-    if let Some(p) = pipeline.scheduler.plan(&group) {
-        let snap = publish(p, &mut summary);
-        if let Some(pb) = publisher.as_mut() {
-            if let Err(e) = pb.write(&snap).await {
-                tracing::warn!(error = %e, "initial snapshot not published; gateways wait");
-            }
-        }
-    }
 
+    let mut service = Service::start((*cfg).clone(), store, None).await?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .context("creating the gateways' producer")?;
     let started = Instant::now();
     let counters = Arc::new(Default::default());
-    let gateway_task = tokio::spawn(gateways(
+    let mut gateway_task = tokio::spawn(gateways(
         sc.clone(),
+        cfg.kafka.request_topic.clone(),
         producer.clone(),
-        weights,
+        weights.clone(),
         started,
         opts.seconds,
         opts.garbage_every,
         Arc::clone(&counters),
     ));
-
-    let decoder = Decoder::new(WireFormat::Auto);
-    let registry = SchemaCache::default();
-    let mut alerts_sent = 0usize;
-    let mut replans = pipeline.replans();
-    let mut next_status = Instant::now();
-    let deadline = started + Duration::from_secs(opts.seconds) + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await {
-            Ok(Ok(m)) => {
-                summary.consumed += 1;
-                let payload = m.payload().unwrap_or(&[]);
-                let outcome = match decoder.decode(payload, &registry) {
-                    Ok(ev) => pipeline.apply(&ev).map_err(|e| (e.kind(), e.to_string())),
-                    Err(e) => Err((e.kind(), e.to_string())),
-                };
-                match outcome {
-                    Ok(()) => summary.applied += 1,
-                    Err(("too_late", _)) => {}
-                    Err((kind, reason)) => {
-                        // Bad input never stalls the partition: the original
-                        // bytes go to the dead-letter topic with the reason.
-                        let headers = OwnedHeaders::new()
-                            .insert(Header {
-                                key: "reason",
-                                value: Some(reason.as_str()),
-                            })
-                            .insert(Header {
-                                key: "kind",
-                                value: Some(kind),
-                            })
-                            .insert(Header {
-                                key: "source.partition",
-                                value: Some(&m.partition().to_string()),
-                            })
-                            .insert(Header {
-                                key: "source.offset",
-                                value: Some(&m.offset().to_string()),
-                            });
-                        let mut rec = FutureRecord::to(DEAD_LETTER_TOPIC)
-                            .payload(payload)
-                            .headers(headers);
-                        if let Some(k) = m.key() {
-                            rec = rec.key(k);
-                        }
-                        match producer.send(rec, Duration::from_secs(5)).await {
-                            Ok(_) => summary.dead_lettered += 1,
-                            Err((e, _)) => anyhow::bail!(
-                                "dead-letter produce failed, not committing past it: {e}"
-                            ),
-                        }
+    let mut status = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            r = &mut gateway_task => {
+                r.context("the gateways task")?;
+                break;
+            }
+            e = service.failed() => return Err(e),
+            _ = status.tick() => {
+                if opts.show_status {
+                    let produced = counters.0.load(std::sync::atomic::Ordering::Relaxed);
+                    let versions = weights.versions.read().map(|v| v.clone()).unwrap_or_default();
+                    let table = status_table(&service.metrics, produced, started.elapsed().as_secs_f64(), &versions);
+                    if opts.redraw {
+                        print!("\x1b[2J\x1b[H{table}");
+                    } else {
+                        println!("{table}");
                     }
                 }
-                consumer
-                    .store_offset_from_message(&m)
-                    .context("storing the offset")?;
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "consumer error"),
-            Err(_) => {}
-        }
-        pipeline.advance_to(now_ms());
-        if pipeline.replans() != replans {
-            replans = pipeline.replans();
-            if let Some(p) = pipeline.scheduler.plan(&group) {
-                let snap = publish(p, &mut summary);
-                if let Some(pb) = publisher.as_mut() {
-                    // A new version, or the same one as a heartbeat: the
-                    // fenced script tells which.
-                    if let Err(e) = pb.write(&snap).await {
-                        tracing::warn!(error = %e, "snapshot not published; gateways keep the last one");
-                    }
-                }
-            }
-        }
-        while alerts_sent < pipeline.alerts.len() {
-            let a: &AlertEvent = &pipeline.alerts[alerts_sent];
-            let key = a
-                .channel_id
-                .clone()
-                .unwrap_or_else(|| a.route_group.clone());
-            let bytes = a.to_avro().map_err(|e| anyhow!(e))?;
-            producer
-                .send(
-                    FutureRecord::to(ALERT_TOPIC).key(&key).payload(&bytes),
-                    Duration::from_secs(5),
-                )
-                .await
-                .map_err(|(e, _)| anyhow!("alert produce failed: {e}"))?;
-            summary.alerts_produced += 1;
-            alerts_sent += 1;
-        }
-        if opts.show_status && Instant::now() >= next_status {
-            next_status += Duration::from_secs(1);
-            let table = status_table(&pipeline, &group, &summary, started.elapsed().as_secs_f64());
-            if opts.redraw {
-                print!("\x1b[2J\x1b[H{table}");
-            } else {
-                println!("{table}");
             }
         }
     }
-    gateway_task.await.ok();
     let _ = producer.flush(Duration::from_secs(5));
-    summary.produced = counters.0.load(std::sync::atomic::Ordering::Relaxed);
-    summary.garbage_sent = counters.1.load(std::sync::atomic::Ordering::Relaxed);
-    for h in pipeline.engine.health_all() {
-        summary
-            .final_states
-            .insert(h.id.clone(), h.state.as_str().to_string());
+    let mut summary = DemoSummary {
+        produced: counters.0.load(std::sync::atomic::Ordering::Relaxed),
+        garbage_sent: counters.1.load(std::sync::atomic::Ordering::Relaxed),
+        ..DemoSummary::default()
+    };
+    // Let the service consume what was produced, then stop it (it commits).
+    let m = service.metrics.clone();
+    let expected = summary.produced + summary.garbage_sent;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.events_consumed.load(std::sync::atomic::Ordering::Relaxed) < expected
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    service.stop().await?;
+    use std::sync::atomic::Ordering::Relaxed;
+    summary.consumed = m.events_consumed.load(Relaxed);
+    summary.applied = m.events_applied.load(Relaxed) + m.events_replayed.load(Relaxed);
+    summary.dead_lettered = m.dead_letters_total();
+    summary.duplicates = m.duplicates.load(Relaxed);
+    summary.too_late = m.too_late.load(Relaxed);
+    summary.alerts_produced = m.alerts_produced.load(Relaxed);
+    summary.final_states = m.channel_states();
+    summary.snapshot_versions = weights
+        .versions
+        .read()
+        .map(|v| v.clone())
+        .unwrap_or_default();
     // What a downstream consumer of the output topics sees.
-    for m in read_back(&bootstrap, ALERT_TOPIC, summary.alerts_produced).await? {
-        if let Some(a) = m.payload().and_then(|p| AlertEvent::from_avro(p).ok()) {
+    for msg in read_back(&bootstrap, &cfg.kafka.alert_topic, summary.alerts_produced).await? {
+        if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_avro(p).ok()) {
             summary.alerts_read_back += 1;
             if a.kind == crate::alert::AlertKind::Transition {
                 summary.transitions_read_back.push((
@@ -497,8 +389,14 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
         }
     }
     use rdkafka::message::Headers;
-    for m in read_back(&bootstrap, DEAD_LETTER_TOPIC, summary.dead_lettered).await? {
-        let has_reason = m.headers().is_some_and(|h| {
+    for msg in read_back(
+        &bootstrap,
+        &cfg.kafka.dead_letter_topic,
+        summary.dead_lettered,
+    )
+    .await?
+    {
+        let has_reason = msg.headers().is_some_and(|h| {
             h.iter()
                 .any(|x| x.key == "reason" && x.value.is_some_and(|v| !v.is_empty()))
         });
@@ -507,7 +405,6 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     // Clients before the cluster they talk to, or librdkafka reports every
     // broker down on the way out.
     drop(producer);
-    drop(consumer);
     drop(mock);
     Ok(summary)
 }

@@ -53,6 +53,10 @@ enum Command {
         /// Append status tables instead of redrawing the screen.
         #[arg(long)]
         plain: bool,
+        /// Also serve Prometheus `/metrics` and `/status` on this address
+        /// (e.g. 127.0.0.1:9464).
+        #[arg(long)]
+        http: Option<String>,
     },
     /// Replay a fault scenario on a simulated clock through the engine and
     /// scheduler, closed loop, and report time to detect / drain / recover,
@@ -221,6 +225,7 @@ fn demo(
     redis: Option<String>,
     scenario: Option<&Path>,
     plain: bool,
+    http: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     let text = match scenario {
         Some(p) => {
@@ -241,16 +246,18 @@ fn demo(
         redraw: !plain && std::io::stdout().is_terminal(),
         show_status: true,
         garbage_every: 500,
+        http_listen: http,
     }))?;
     println!(
-        "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}",
+        "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}\nfinal states: {:?}",
         summary.produced,
         summary.garbage_sent,
         summary.consumed,
         summary.applied,
         summary.dead_lettered,
         summary.alerts_produced,
-        summary.snapshot_versions
+        summary.snapshot_versions,
+        summary.final_states
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -286,7 +293,14 @@ fn main() -> anyhow::Result<ExitCode> {
             redis,
             scenario,
             plain,
-        } => demo(*seconds, redis.clone(), scenario.as_deref(), *plain),
+            http,
+        } => demo(
+            *seconds,
+            redis.clone(),
+            scenario.as_deref(),
+            *plain,
+            http.clone(),
+        ),
         Command::Simulate {
             scenario,
             config,

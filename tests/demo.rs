@@ -30,6 +30,16 @@ rps = 20
 [[traffic]]
 class = "batch"
 rps = 10
+
+# Windows of seconds, so the service warms up and publishes within the run.
+[config.engine]
+slice_ms = 1000
+short_window_ms = 5000
+long_window_ms = 15000
+evaluation_interval_ms = 1000
+allowed_lateness_ms = 2000
+[config.service]
+group_warmup_ms = 3000
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,6 +51,7 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         redraw: false,
         show_status: false,
         garbage_every: 50,
+        http_listen: None,
     })
     .await
     .unwrap();
@@ -54,7 +65,7 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         "{summary:?}"
     );
     assert_eq!(
-        summary.applied + summary.dead_lettered,
+        summary.applied + summary.dead_lettered + summary.too_late + summary.duplicates,
         summary.consumed,
         "{summary:?}"
     );

@@ -194,6 +194,66 @@ impl WriteOutcome {
     }
 }
 
+/// What the fenced write does with `new` given the `stored` snapshot: the
+/// same decision [`FENCED_WRITE_LUA`] makes in Redis, for the in-process
+/// store (the embedded demo) and as its executable specification.
+pub fn fenced_outcome(stored: Option<&WeightSnapshot>, new: &WeightSnapshot) -> WriteOutcome {
+    let Some(cur) = stored else {
+        return WriteOutcome::Written;
+    };
+    if new.is_older_than(cur) {
+        return WriteOutcome::Stale {
+            stored_epoch: cur.epoch,
+            stored_version: cur.version,
+        };
+    }
+    if (new.epoch, new.version) == (cur.epoch, cur.version) {
+        return if new.heartbeat_ms > cur.heartbeat_ms {
+            WriteOutcome::Heartbeat
+        } else {
+            WriteOutcome::Unchanged
+        };
+    }
+    WriteOutcome::Written
+}
+
+/// Weight snapshots kept in process, with the same fencing and epochs as
+/// Redis: the embedded demo's store when no Redis is given.
+#[derive(Default)]
+pub struct InProcessStore {
+    groups: std::sync::Mutex<BTreeMap<String, (u64, Option<WeightSnapshot>)>>,
+}
+
+impl InProcessStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (u64, Option<WeightSnapshot>)>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next writer epoch of a group and the stored snapshot.
+    pub fn take_epoch(&self, group: &str) -> (u64, Option<WeightSnapshot>) {
+        let mut g = self.lock();
+        let e = g.entry(group.to_string()).or_default();
+        e.0 += 1;
+        (e.0, e.1.clone())
+    }
+
+    /// The fenced write.
+    pub fn write(&self, snap: &WeightSnapshot) -> WriteOutcome {
+        let mut g = self.lock();
+        let e = g.entry(snap.group.clone()).or_default();
+        let outcome = fenced_outcome(e.1.as_ref(), snap);
+        if matches!(outcome, WriteOutcome::Written | WriteOutcome::Heartbeat) {
+            e.1 = Some(snap.clone());
+        }
+        outcome
+    }
+
+    /// The stored snapshot of a group (one read, like the gateway's GET).
+    pub fn get(&self, group: &str) -> Option<WeightSnapshot> {
+        self.lock().get(group).and_then(|e| e.1.clone())
+    }
+}
+
 /// A connection URL with any password replaced, for logs.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -207,6 +267,42 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn snap(epoch: u64, version: u64, heartbeat_ms: i64) -> WeightSnapshot {
+        WeightSnapshot {
+            group: "chat".into(),
+            version,
+            epoch,
+            computed_at_ms: 0,
+            heartbeat_ms,
+            manual: false,
+            projected_spend_per_hour: 0.0,
+            classes: BTreeMap::new(),
+            channels: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_in_process_store_fences_like_the_lua_script() {
+        let st = InProcessStore::default();
+        let (e1, none) = st.take_epoch("chat");
+        assert_eq!((e1, none), (1, None));
+        assert_eq!(st.write(&snap(1, 1, 10)), WriteOutcome::Written);
+        assert_eq!(st.write(&snap(1, 1, 20)), WriteOutcome::Heartbeat);
+        assert_eq!(st.write(&snap(1, 1, 20)), WriteOutcome::Unchanged);
+        let (e2, stored) = st.take_epoch("chat");
+        assert_eq!((e2, stored.map(|s| s.version)), (2, Some(1)));
+        assert_eq!(st.write(&snap(2, 2, 30)), WriteOutcome::Written);
+        // The old writer is refused, whatever its version.
+        assert_eq!(
+            st.write(&snap(1, 9, 40)),
+            WriteOutcome::Stale {
+                stored_epoch: 2,
+                stored_version: 2
+            }
+        );
+        assert_eq!(st.get("chat").map(|s| (s.epoch, s.version)), Some((2, 2)));
+    }
     use crate::config::Tier;
     use crate::schedule::{plan, ChannelInput, GroupInput};
     use crate::state::StateKind;

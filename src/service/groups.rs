@@ -24,8 +24,8 @@ use super::kafka;
 use super::metrics::{GroupGauges, Metrics};
 use crate::config::Config;
 use crate::health::{writer_partition, GroupBoard, HealthReport, NotReady};
-use crate::publish::redis::{PublisherOptions, RedisPublisher};
-use crate::publish::{WeightSnapshot, WriteOutcome};
+use crate::publish::redis::{PublishError, PublisherOptions, RedisPublisher};
+use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
 use crate::schedule::Scheduler;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -58,6 +58,32 @@ impl Ownership {
     }
 }
 
+/// Where snapshots are written: Redis (the service), or in process (the
+/// embedded demo without Redis). Both fence by (epoch, version).
+pub enum WeightSink {
+    Redis(Box<RedisPublisher>),
+    InProcess(Arc<InProcessStore>),
+}
+
+impl WeightSink {
+    async fn take_epoch(
+        &mut self,
+        group: &str,
+    ) -> Result<(u64, Option<WeightSnapshot>), PublishError> {
+        match self {
+            WeightSink::Redis(p) => p.take_epoch(group).await,
+            WeightSink::InProcess(s) => Ok(s.take_epoch(group)),
+        }
+    }
+
+    async fn write(&mut self, snap: &WeightSnapshot) -> Result<WriteOutcome, PublishError> {
+        match self {
+            WeightSink::Redis(p) => p.write(snap).await,
+            WeightSink::InProcess(s) => Ok(s.write(snap)),
+        }
+    }
+}
+
 /// One group this instance writes.
 struct Writer {
     epoch: Option<u64>,
@@ -68,6 +94,14 @@ struct Writer {
     /// Refused as stale: another writer owns the group.
     fenced: bool,
     planned: bool,
+}
+
+/// The Redis sink of a config.
+pub fn redis_sink(cfg: &Config) -> anyhow::Result<WeightSink> {
+    Ok(WeightSink::Redis(Box::new(
+        RedisPublisher::new(&cfg.redis.url, PublisherOptions::default())
+            .map_err(|e| anyhow::anyhow!(e))?,
+    )))
 }
 
 fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
@@ -95,13 +129,12 @@ fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
 pub async fn run(
     mut cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
     ownership: Arc<Ownership>,
+    mut publisher: WeightSink,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let mut cfg = cfg_rx.borrow_and_update().clone();
     let consumer = tokio::task::block_in_place(|| health_consumer(&cfg))?;
-    let mut publisher = RedisPublisher::new(&cfg.redis.url, PublisherOptions::default())
-        .map_err(|e| anyhow::anyhow!(e))?;
     let mut board = GroupBoard::new();
     let mut scheduler = Scheduler::new(cfg.clone());
     let mut writers: BTreeMap<String, Writer> = BTreeMap::new();

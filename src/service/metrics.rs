@@ -87,6 +87,14 @@ impl Metrics {
         lock(&self.channels).insert(id.to_string(), g);
     }
 
+    /// Every channel's state as its owner last evaluated it.
+    pub fn channel_states(&self) -> BTreeMap<String, String> {
+        lock(&self.channels)
+            .iter()
+            .map(|(id, g)| (id.clone(), g.state.clone()))
+            .collect()
+    }
+
     pub fn forget_partition(&self, partition: i32) {
         lock(&self.channels).retain(|_, g| g.partition != partition);
         lock(&self.lag).remove(&partition);

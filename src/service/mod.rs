@@ -112,86 +112,139 @@ fn instance_id() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// Where the service writes weights and keeps durable state.
+#[derive(Clone)]
+pub enum Store {
+    /// Weights, epochs and state machines in Redis (`redis.url`).
+    Redis,
+    /// Weights in process, no durable state (the embedded demo).
+    InProcess(Arc<crate::publish::InProcessStore>),
+}
+
+/// A running service: its loops, and how to stop it.
+pub struct Service {
+    pub metrics: Arc<metrics::Metrics>,
+    stop: Arc<AtomicBool>,
+    done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
+    request_thread: Option<std::thread::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Service {
+    /// Starts every loop on the current runtime (multi-threaded). With a
+    /// `config_path`, the file is watched and reloaded on change.
+    pub async fn start(
+        cfg: Config,
+        store: Store,
+        config_path: Option<PathBuf>,
+    ) -> anyhow::Result<Service> {
+        let instance = instance_id();
+        tracing::info!(
+            instance,
+            brokers = %cfg.kafka.brokers,
+            requests = %cfg.kafka.request_topic,
+            health = %cfg.kafka.health_topic,
+            alerts = %cfg.kafka.alert_topic,
+            dead_letters = %cfg.kafka.dead_letter_topic,
+            kafka_properties = %kafka::loggable_properties(&cfg.kafka),
+            redis = %redact_url(&cfg.redis.url),
+            groups = cfg.groups.len(),
+            channels = cfg.channels().count(),
+            "hermes starting"
+        );
+        let metrics = Arc::new(metrics::Metrics::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
+        let mut tasks = Vec::new();
+        if !cfg.service.http_listen.is_empty() {
+            let l = tokio::net::TcpListener::bind(&cfg.service.http_listen)
+                .await
+                .with_context(|| format!("binding {}", cfg.service.http_listen))?;
+            tracing::info!(listen = %cfg.service.http_listen, "serving /metrics and /status");
+            tasks.push(tokio::spawn(metrics::serve(l, metrics.clone())));
+        }
+        if let Some(path) = config_path {
+            tasks.push(tokio::spawn(watch_config(path, cfg_tx, metrics.clone())));
+        }
+        let (state_store, sink) = match &store {
+            Store::Redis => (
+                Some(state_store::StateStore::start(&cfg.redis.url)?),
+                groups::redis_sink(&cfg)?,
+            ),
+            Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),
+        };
+        let ownership = Arc::new(groups::Ownership::default());
+        let request_loop = requests::RequestLoop::new(
+            cfg_rx.clone(),
+            ownership.clone(),
+            state_store,
+            tokio::runtime::Handle::current(),
+            metrics.clone(),
+            instance,
+            stop.clone(),
+        )?;
+        let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
+        let tx = done_tx.clone();
+        let request_thread = std::thread::Builder::new()
+            .name("hermes-requests".into())
+            .spawn(move || {
+                let r = request_loop.run();
+                let _ = tx.send(("request loop", r));
+            })?;
+        let (m, s) = (metrics.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = groups::run(cfg_rx, ownership, sink, m, s).await;
+            let _ = done_tx.send(("group writer", r));
+        }));
+        Ok(Service {
+            metrics,
+            stop,
+            done,
+            request_thread: Some(request_thread),
+            tasks,
+        })
+    }
+
+    /// Waits until a loop stops (an error, unless asked to stop).
+    pub async fn failed(&mut self) -> anyhow::Error {
+        match self.done.recv().await {
+            Some((what, Ok(()))) => anyhow::anyhow!("{what} stopped"),
+            Some((what, Err(e))) => e.context(format!("{what} failed")),
+            None => anyhow::anyhow!("every loop stopped"),
+        }
+    }
+
+    /// Stops every loop: the request loop commits what it handled first.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.request_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        // A loop that failed on its way out says so.
+        while let Ok((what, r)) = self.done.try_recv() {
+            r.with_context(|| format!("{what} failed"))?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs the service until SIGINT/SIGTERM or a loop fails.
 pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     let cfg = Config::from_file(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
     check_runnable(&cfg)?;
-    let instance = instance_id();
-    tracing::info!(
-        instance,
-        brokers = %cfg.kafka.brokers,
-        requests = %cfg.kafka.request_topic,
-        health = %cfg.kafka.health_topic,
-        alerts = %cfg.kafka.alert_topic,
-        dead_letters = %cfg.kafka.dead_letter_topic,
-        kafka_properties = %kafka::loggable_properties(&cfg.kafka),
-        redis = %redact_url(&cfg.redis.url),
-        groups = cfg.groups.len(),
-        channels = cfg.channels().count(),
-        "hermes starting"
-    );
-    let metrics = Arc::new(metrics::Metrics::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
-
-    let http = if cfg.service.http_listen.is_empty() {
-        None
-    } else {
-        let l = tokio::net::TcpListener::bind(&cfg.service.http_listen)
-            .await
-            .with_context(|| format!("binding {}", cfg.service.http_listen))?;
-        tracing::info!(listen = %cfg.service.http_listen, "serving /metrics and /status");
-        Some(tokio::spawn(metrics::serve(l, metrics.clone())))
-    };
-    let watcher = tokio::spawn(watch_config(
-        config_path.to_path_buf(),
-        cfg_tx,
-        metrics.clone(),
-    ));
-    let store = state_store::StateStore::start(&cfg.redis.url)?;
-
-    let ownership = Arc::new(groups::Ownership::default());
-    let request_loop = requests::RequestLoop::new(
-        cfg_rx.clone(),
-        ownership.clone(),
-        store,
-        tokio::runtime::Handle::current(),
-        metrics.clone(),
-        instance,
-        stop.clone(),
-    )?;
-    let (done_tx, mut done_rx) =
-        tokio::sync::mpsc::unbounded_channel::<(&str, anyhow::Result<()>)>();
-    let tx = done_tx.clone();
-    let request_thread = std::thread::Builder::new()
-        .name("hermes-requests".into())
-        .spawn(move || {
-            let r = request_loop.run();
-            let _ = tx.send(("request loop", r));
-        })?;
-    let tx = done_tx.clone();
-    let (m, s) = (metrics.clone(), stop.clone());
-    tokio::spawn(async move {
-        let r = groups::run(cfg_rx, ownership, m, s).await;
-        let _ = tx.send(("group writer", r));
-    });
-
+    let mut service = Service::start(cfg, Store::Redis, Some(config_path.to_path_buf())).await?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let result = tokio::select! {
-        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted; stopping"); Ok(()) }
-        _ = sigterm.recv() => { tracing::info!("terminated; stopping"); Ok(()) }
-        Some((what, r)) = done_rx.recv() => {
-            match r {
-                Ok(()) => Err(anyhow::anyhow!("{what} stopped")),
-                Err(e) => Err(e.context(format!("{what} failed"))),
-            }
-        }
+    let failed = tokio::select! {
+        _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted; stopping"); None }
+        _ = sigterm.recv() => { tracing::info!("terminated; stopping"); None }
+        e = service.failed() => Some(e),
     };
-    stop.store(true, Ordering::Relaxed);
-    let _ = tokio::task::spawn_blocking(move || request_thread.join()).await;
-    watcher.abort();
-    if let Some(h) = http {
-        h.abort();
+    let stopped = service.stop().await;
+    match failed {
+        Some(e) => Err(e),
+        None => stopped,
     }
-    result
 }

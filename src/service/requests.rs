@@ -172,11 +172,16 @@ impl RequestContext {
                 (Offset::Offset(pos), true, pos, pos)
             } else {
                 let committed = committed.get(&p).copied();
-                let start = match replay_from.get(&p) {
-                    Some(Offset::Offset(o)) => Offset::Offset(*o),
-                    // No record at or after the time: nothing to replay.
-                    Some(Offset::End) => committed.map_or(Offset::End, Offset::Offset),
-                    _ => committed.map_or(Offset::Beginning, Offset::Offset),
+                // Replay the window (by time) when the broker can say where it
+                // starts; without that, from the committed offset, or for a
+                // group that never committed, from the beginning (records
+                // older than every window are then skipped cheaply, and bad
+                // ones still reach the dead-letter topic: nothing is lost).
+                let start = match (replay_from.get(&p), committed) {
+                    (Some(Offset::Offset(o)), Some(c)) => Offset::Offset((*o).min(c)),
+                    (Some(Offset::Offset(o)), None) => Offset::Offset(*o),
+                    (_, Some(c)) => Offset::Offset(c),
+                    (_, None) => Offset::Beginning,
                 };
                 let start_num = match start {
                     Offset::Offset(o) => o,
@@ -311,7 +316,9 @@ struct LoopState {
     shared: Arc<Mutex<Shared>>,
     partitions: BTreeMap<i32, Partition>,
     registry: Option<Registry>,
-    store: StateStore,
+    /// Durable state machines; `None` (the demo without Redis): a takeover
+    /// re-derives state from the replayed window.
+    store: Option<StateStore>,
     rt: tokio::runtime::Handle,
     metrics: Arc<Metrics>,
     instance: String,
@@ -322,7 +329,7 @@ impl RequestLoop {
     pub fn new(
         cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
         ownership: Arc<Ownership>,
-        store: StateStore,
+        store: Option<StateStore>,
         rt: tokio::runtime::Handle,
         metrics: Arc<Metrics>,
         instance: String,
@@ -477,12 +484,15 @@ impl LoopState {
     /// takeover re-derives state from the replayed window alone).
     fn load_saved_states(&self) -> BTreeMap<String, SavedState> {
         let mut out = BTreeMap::new();
+        let Some(store) = &self.store else {
+            return out;
+        };
         for g in &self.cfg.groups {
             let mut attempt = 0;
             loop {
                 attempt += 1;
                 let r = self.rt.block_on(async {
-                    tokio::time::timeout(Duration::from_secs(5), self.store.load(&g.id)).await
+                    tokio::time::timeout(Duration::from_secs(5), store.load(&g.id)).await
                 });
                 match r {
                     Ok(Ok(states)) => {
@@ -797,14 +807,16 @@ impl LoopState {
             let machine = part.engine.machine(idx);
             if part.saved.get(&h.id) != Some(machine) {
                 part.saved.insert(h.id.clone(), machine.clone());
-                self.store.save(StateWrite {
-                    group: h.group.clone(),
-                    channel: h.id.clone(),
-                    state: SavedState {
-                        saved_at_ms: watermark,
-                        machine: machine.clone(),
-                    },
-                });
+                if let Some(store) = &self.store {
+                    store.save(StateWrite {
+                        group: h.group.clone(),
+                        channel: h.id.clone(),
+                        state: SavedState {
+                            saved_at_ms: watermark,
+                            machine: machine.clone(),
+                        },
+                    });
+                }
             }
             let lat = part.engine.signals(idx).latency;
             self.metrics.set_channel(
