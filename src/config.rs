@@ -174,9 +174,6 @@ pub struct RedisConfig {
 pub struct ServiceConfig {
     /// How often an unchanged snapshot's `heartbeat_ms` is refreshed.
     pub heartbeat_ms: i64,
-    /// How often a partition owner reports its channels' health (wall
-    /// time; it also reports after every evaluation tick).
-    pub health_report_ms: i64,
     /// A group is first published once every channel reported, or this long
     /// after its first report (channels without traffic then count as
     /// unknown).
@@ -199,7 +196,6 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             heartbeat_ms: 10_000,
-            health_report_ms: 5_000,
             group_warmup_ms: 60_000,
             dedup_horizon_ms: 60_000,
             commit_interval_ms: 1_000,
@@ -214,7 +210,6 @@ impl ServiceConfig {
     fn validate(&self, v: &mut Issues) {
         for (k, x) in [
             ("heartbeat_ms", self.heartbeat_ms),
-            ("health_report_ms", self.health_report_ms),
             ("group_warmup_ms", self.group_warmup_ms),
             ("dedup_horizon_ms", self.dedup_horizon_ms),
             ("commit_interval_ms", self.commit_interval_ms),
@@ -1371,6 +1366,28 @@ capacity_rps = 40
     fn the_example_config_is_valid() {
         let text = include_str!("../hermes.example.toml");
         Config::from_toml(text).unwrap();
+    }
+
+    #[test]
+    fn the_compose_config_is_valid() {
+        let c = Config::from_toml(include_str!("../compose/hermes.toml")).unwrap();
+        assert_eq!(c.kafka.brokers, "kafka:9092");
+        assert!(c.redis.url.starts_with("redis://redis:"));
+    }
+
+    #[test]
+    fn service_settings_are_validated_with_their_keys() {
+        let text = format!(
+            "{MINIMAL}\n[kafka]\nalert_topic = \"hermes.requests\"\n[service]\nhttp_listen = \"nowhere\"\ncommit_interval_ms = 0\n"
+        );
+        let e = Config::from_toml(&text).unwrap_err().to_string();
+        for key in [
+            "kafka.alert_topic",
+            "service.http_listen",
+            "service.commit_interval_ms",
+        ] {
+            assert!(e.contains(key), "{key} missing in: {e}");
+        }
     }
 
     #[test]

@@ -197,3 +197,22 @@ impl RedisPublisher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_urls_are_accepted_and_passwords_stay_out_of_errors() {
+        // rediss:// needs the TLS build (native-tls over the system OpenSSL).
+        assert!(
+            RedisPublisher::new("rediss://:s3cret@127.0.0.1:1/", PublisherOptions::default())
+                .is_ok()
+        );
+        let e = RedisPublisher::new("bogus://:s3cret@host/", PublisherOptions::default())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+}

@@ -149,6 +149,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn security_settings_pass_through_to_librdkafka() {
+        // Built with OpenSSL: SSL and SASL/SCRAM clients can be created (no
+        // broker is contacted at creation).
+        let mut k = KafkaConfig {
+            brokers: "127.0.0.1:1".into(),
+            ..KafkaConfig::default()
+        };
+        for (key, v) in [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanisms", "SCRAM-SHA-512"),
+            ("sasl.username", "hermes"),
+            ("sasl.password", "hunter2"),
+        ] {
+            k.properties.insert(key.into(), v.into());
+        }
+        let p: Result<rdkafka::producer::BaseProducer, _> = client_config(&k).create();
+        assert!(p.is_ok(), "{:?}", p.err());
+        // A setting librdkafka does not know is refused with its name.
+        k.properties.insert("no.such.setting".into(), "1".into());
+        let e = client_config(&k)
+            .create::<rdkafka::producer::BaseProducer>()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("no.such.setting"), "{e}");
+    }
+
+    #[test]
     fn secrets_never_reach_the_log_rendering() {
         let mut k = KafkaConfig::default();
         k.properties

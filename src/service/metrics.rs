@@ -339,7 +339,12 @@ impl Metrics {
             );
         }
         let groups = lock(&self.groups);
-        if !groups.is_empty() {
+        if groups.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nno snapshot written by this instance (warming up, or another instance writes the groups)"
+            );
+        } else {
             let _ = writeln!(s, "\ngroups written by this instance:");
         }
         for (group, g) in groups.iter() {
