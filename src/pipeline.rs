@@ -780,6 +780,77 @@ mod tests {
         );
     }
 
+    /// A takeover: the machine was saved OBSERVING (after a drain and its
+    /// cool-down); the replay of the window feeds the old failures again. A
+    /// machine that stepped on them would relapse to DRAINED; the restored
+    /// one does not step before the time it was saved at.
+    #[test]
+    fn a_restored_machine_does_not_step_on_what_the_replay_already_covers() {
+        fn history(e: &mut Engine, out: &mut Vec<AlertEvent>) {
+            healthy(e, T0, T0 + 60_000, 10, out);
+            for t in [60_001, 60_002, 60_003] {
+                let mut x = ev("free-a", T0 + t);
+                x.error_class = ErrorClass::ConnectionReset;
+                e.apply(&x, out).unwrap();
+            }
+            healthy(e, T0 + 60_004, T0 + 170_000, 10, out);
+        }
+        let mut live = engine();
+        let mut out = Vec::new();
+        history(&mut live, &mut out);
+        let idx = live.channel_index("free-a").unwrap();
+        let saved = live.machine(idx).clone();
+        assert_eq!(saved.kind(), StateKind::Observing, "{out:?}");
+        let saved_at = live.watermark_ms().unwrap();
+
+        let mut taken = engine();
+        assert!(taken.restore("free-a", saved.clone(), saved_at));
+        assert!(!taken.restore("nope", saved.clone(), 0));
+        let mut replay_out = Vec::new();
+        history(&mut taken, &mut replay_out);
+        let idx = taken.channel_index("free-a").unwrap();
+        assert_eq!(taken.machine(idx), &saved, "not stepped during the replay");
+        assert!(
+            replay_out.iter().all(|a| a.kind != AlertKind::Transition),
+            "no transition raised again: {replay_out:?}"
+        );
+        // After the save point it runs again.
+        let mut after = Vec::new();
+        healthy(&mut taken, saved_at + 1, saved_at + 60_000, 10, &mut after);
+        assert_ne!(taken.machine(idx), &saved, "{after:?}");
+    }
+
+    #[test]
+    fn a_reload_keeps_windows_and_state_and_refuses_a_new_window_shape() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
+        for t in [60_001, 60_002, 60_003] {
+            let mut x = ev("free-a", T0 + t);
+            x.error_class = ErrorClass::ConnectionReset;
+            e.apply(&x, &mut out).unwrap();
+        }
+        let applied = e.stats().applied;
+        let three = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+                ("paid-b", Tier::Paid, 2.0, 100.0),
+            ],
+        ));
+        e.reconfigure(three.clone()).unwrap();
+        let free = e.channel_index("free-a").unwrap();
+        assert_eq!(e.machine(free).kind(), StateKind::Drained, "state kept");
+        assert!(e.has_events(free), "windows kept");
+        let b = e.channel_index("paid-b").expect("new channel added");
+        assert!(!e.has_events(b));
+        assert_eq!(e.stats().applied, applied);
+        let mut other = (*three).clone();
+        other.engine.slice_ms *= 2;
+        assert!(e.reconfigure(Arc::new(other)).is_err());
+    }
+
     #[test]
     fn late_and_too_late_events() {
         let mut e = engine();

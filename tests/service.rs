@@ -277,6 +277,18 @@ impl Drop for SnapshotLog {
     }
 }
 
+/// (epoch, version) never goes back across everything Redis held.
+fn assert_no_regression(all: &[WeightSnapshot]) {
+    for w in all.windows(2) {
+        assert!(
+            (w[1].epoch, w[1].version) >= (w[0].epoch, w[0].version),
+            "regression {:?} -> {:?}",
+            (w[0].epoch, w[0].version),
+            (w[1].epoch, w[1].version)
+        );
+    }
+}
+
 fn free_weight(s: &WeightSnapshot) -> f64 {
     s.classes
         .values()
@@ -360,6 +372,20 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `hermes run` named `name` against this broker and Redis, with the test
+/// config (free-tier cool-down `cooldown_ms`).
+fn start_hermes(
+    kafka: &Tansu,
+    redis: &RedisServer,
+    dir: &std::path::Path,
+    name: &str,
+    cooldown_ms: i64,
+) -> Hermes {
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, cooldown_ms);
+    Hermes::start(dir, name, &cfg, port)
+}
+
 fn dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!(
         "hermes-service-{}-{}",
@@ -376,13 +402,7 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
     let kafka = Tansu::start(TOPICS);
     let redis = RedisServer::start();
     let dir = dir();
-    let port = free_port();
-    let hermes = Hermes::start(
-        &dir,
-        "a",
-        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
-        port,
-    );
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
     let log = SnapshotLog::start(&redis.url());
     let gw = Gateway::start(&kafka.bootstrap(), 40);
 
@@ -427,14 +447,7 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
 
     // Versions never go back, whatever a gateway read.
     let all = log.all();
-    for w in all.windows(2) {
-        assert!(
-            (w[1].epoch, w[1].version) >= (w[0].epoch, w[0].version),
-            "regression {:?} -> {:?}",
-            (w[0].epoch, w[0].version),
-            (w[1].epoch, w[1].version)
-        );
-    }
+    assert_no_regression(&all);
 
     // Every alert decodes; free-a's transitions form one chain through
     // DRAINED and back to HEALTHY.
@@ -465,6 +478,58 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Schema Registry that knows one id (`GET /schemas/ids/{id}`), and
+/// remembers which ids were asked for.
+struct FakeRegistry {
+    url: String,
+    asked: Arc<Mutex<Vec<u32>>>,
+}
+
+impl FakeRegistry {
+    const KNOWN_ID: u32 = 7;
+
+    fn start() -> FakeRegistry {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let a = asked.clone();
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut buf = [0u8; 2048];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let id: u32 = req
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|p| p.rsplit('/').next())
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
+                a.lock().unwrap().push(id);
+                let _ = if id == Self::KNOWN_ID {
+                    let body = serde_json::json!({
+                        "schema": include_str!("../schemas/request_event.avsc")
+                    })
+                    .to_string();
+                    write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{body}"
+                    )
+                } else {
+                    write!(s, "HTTP/1.1 404 Not Found\r\n\r\n{{\"error_code\":40403}}")
+                };
+            }
+        });
+        FakeRegistry { url, asked }
+    }
+
+    fn requests(&self) -> Vec<u32> {
+        let mut v = self.asked.lock().unwrap().clone();
+        v.sort();
+        v
+    }
 }
 
 /// A bare producer for hand-made records.
@@ -505,14 +570,17 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     let _serial = serial();
     let kafka = Tansu::start(TOPICS);
     let redis = RedisServer::start();
+    let registry = FakeRegistry::start();
     let dir = dir();
     let port = free_port();
-    let hermes = Hermes::start(
-        &dir,
-        "a",
-        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
-        port,
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000).replace(
+        "session_timeout_ms = 6000",
+        &format!(
+            "session_timeout_ms = 6000\nschema_registry_url = \"{}\"",
+            registry.url
+        ),
     );
+    let hermes = Hermes::start(&dir, "a", &cfg, port);
     let p = producer(&kafka.bootstrap());
     let mut enc = Encoder::default();
     let mut garbage: Vec<Vec<u8>> = Vec::new();
@@ -575,6 +643,33 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         good_sent.push(buf);
     }
     assert_eq!(garbage.len() as u64, bad);
+    // Confluent-framed good events: their writer schema comes from the
+    // registry (fetched once, cached).
+    let framed = 1_000u64;
+    for i in 0..framed {
+        let (channel, partition) = CHANNELS[(i % 3) as usize];
+        let id = format!("framed-{i}");
+        let mut buf = Vec::new();
+        enc.encode_confluent(
+            &event(&id, channel, false, i),
+            FakeRegistry::KNOWN_ID,
+            &mut buf,
+        )
+        .unwrap();
+        let mut rec = BaseRecord::to("hermes.requests")
+            .key(channel)
+            .partition(partition)
+            .payload(&buf[..]);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
     // The same events again: ignored by event id, neither applied nor
     // dead-lettered.
     for (i, buf) in good_sent.iter().take(dups as usize).enumerate() {
@@ -595,12 +690,22 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     wait_metric_at_least(
         &hermes,
         "hermes_events_consumed_total",
-        (good + bad + dups) as f64,
+        (good + bad + dups + framed) as f64,
         limit,
     );
     // Redelivered good events are caught by their event id, so "applied"
     // is exact.
-    wait_metric(&hermes, "hermes_events_applied_total", good as f64, limit);
+    wait_metric(
+        &hermes,
+        "hermes_events_applied_total",
+        (good + framed) as f64,
+        limit,
+    );
+    assert_eq!(
+        registry.requests(),
+        vec![FakeRegistry::KNOWN_ID, 12345],
+        "each schema id asked once (a 404 is remembered too)"
+    );
     wait_metric_at_least(&hermes, "hermes_events_duplicate_total", dups as f64, limit);
 
     let all_dead = read_topic(&kafka.bootstrap(), "hermes.dead-letters", bad as usize);
@@ -720,13 +825,7 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
     // A long cool-down: free-a must still be DRAINED after the takeover, and
     // only restored state can know that (its events are healthy again).
     let cooldown = 120_000;
-    let (pa, pb) = (free_port(), free_port());
-    let a = Hermes::start(
-        &dir,
-        "a",
-        &config(&kafka.bootstrap(), &redis.url(), pa, cooldown),
-        pa,
-    );
+    let a = start_hermes(&kafka, &redis, &dir, "a", cooldown);
     let t0 = Instant::now();
     while assigned(&a).len() < 3 {
         assert!(
@@ -736,12 +835,7 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    let mut b = Hermes::start(
-        &dir,
-        "b",
-        &config(&kafka.bootstrap(), &redis.url(), pb, cooldown),
-        pb,
-    );
+    let mut b = start_hermes(&kafka, &redis, &dir, "b", cooldown);
     let (pa_set, pb_set) = loop {
         let (x, y) = (assigned(&a), assigned(&b));
         if !x.is_empty()
@@ -841,14 +935,7 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
         eprintln!("survivor: {l}");
     }
     let all = log.all();
-    for w in all.windows(2) {
-        assert!(
-            (w[1].epoch, w[1].version) >= (w[0].epoch, w[0].version),
-            "regression {:?} -> {:?}",
-            (w[0].epoch, w[0].version),
-            (w[1].epoch, w[1].version)
-        );
-    }
+    assert_no_regression(&all);
     for s in &all[drained_at..] {
         assert_eq!(free_state(s), "DRAINED", "v{}.{}", s.epoch, s.version);
         assert_eq!(free_weight(s), 0.0, "v{}.{}", s.epoch, s.version);
@@ -867,13 +954,7 @@ fn redis_down_for_ten_seconds_hermes_keeps_consuming_and_republishes() {
     let kafka = Tansu::start(TOPICS);
     let mut redis = RedisServer::start();
     let dir = dir();
-    let port = free_port();
-    let hermes = Hermes::start(
-        &dir,
-        "a",
-        &config(&kafka.bootstrap(), &redis.url(), port, 5000),
-        port,
-    );
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
     let gw = Gateway::start(&kafka.bootstrap(), 40);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _guard = rt.enter();
