@@ -916,6 +916,20 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
         |s| s.heartbeat_ms > killed_ms + 1_000,
     );
     std::thread::sleep(Duration::from_secs(10));
+    // The survivor is now the only instance, so it writes the group, and
+    // what Redis holds is fresh.
+    assert!(
+        survivor
+            .get("/metrics")
+            .is_some_and(|m| m.contains("hermes_group_snapshot_version{group=\"chat\"")),
+        "the survivor writes the group:\n{}",
+        survivor.get("/status").unwrap_or_default()
+    );
+    let latest = log.latest().unwrap();
+    assert!(
+        wall_ms() - latest.heartbeat_ms < 5_000,
+        "fresh heartbeat: {latest:?}"
+    );
     eprintln!(
         "takeover of free-a's partition {took_over:?} after SIGKILL; fresh snapshot after {fresh:?}; {} events produced",
         gw.sent.load(Ordering::Relaxed)

@@ -386,14 +386,19 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
+            // Read the request head (up to a blank line, 8 KiB at most):
+            // closing with unread input would reset the connection and
+            // truncate the response.
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+                match tokio::time::timeout_at(deadline, sock.read(&mut chunk)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                    Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let n = buf.len();
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (status, ctype, body) = match path {
@@ -416,6 +421,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
             );
             let _ = sock.write_all(head.as_bytes()).await;
             let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
         });
     }
 }
@@ -423,6 +429,25 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_request_head_split_over_two_writes_gets_the_whole_response() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve(l, std::sync::Arc::new(Metrics::default())));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /met").await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        c.write_all(b"rics HTTP/1.0\r\nAccept: */*\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert!(out.contains("hermes_events_consumed_total 0"), "{out}");
+        server.abort();
+    }
 
     #[test]
     fn exposition_has_a_state_line_per_channel_and_counts_weight_changes() {

@@ -232,7 +232,8 @@ impl Hermes {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&self.http).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+            .ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
         out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
