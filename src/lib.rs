@@ -28,13 +28,20 @@
 //!
 //! - `replay`: recorded events through another config (what-if).
 //! - `sim`: the closed-loop fault simulator and drill report; it drives the
-//!   same `pipeline::Pipeline` the service runs.
+//!   same engine the service runs.
+//! - `dedup`: duplicate event ids within an event-time horizon.
+//! - `health`: per-channel health reports, the per-group board a group
+//!   writer plans from, and which request partition writes which group.
 //!
 //! The **shell** translates between the world and engine calls:
-//! - `publish`: the weight snapshot format and key names (pure), and
-//!   `publish::redis`, the fenced Lua write with retries.
+//! - `publish`: the weight snapshot format, key names and fencing rule
+//!   (pure), and `publish::redis`, the fenced Lua write with retries.
 //! - `client`: the gateway-side reader with O(1) weighted picks.
-//! - `demo`: the embedded end-to-end run (in-process Kafka mock cluster).
+//! - `service`: `hermes run`: the request loop (one engine per owned
+//!   partition, restore and replay, dead letters, alerts, health reports),
+//!   the group writers, the state store, the registry client, metrics.
+//! - `demo`: the service on the in-process Kafka mock cluster with
+//!   simulated gateways.
 //! - `main.rs`: the CLI.
 
 pub mod alert;

@@ -142,25 +142,37 @@ pub struct Engine {
     rules: AlertRules,
     stats: EngineStats,
     scratch: Vec<Change>,
+    /// Evaluate channels no event of this engine has named yet.
+    evaluate_unseen: bool,
 }
 
 impl Engine {
-    /// An engine for every channel of the config.
+    /// An engine that owns every channel of the config (the simulator,
+    /// replay): a channel without events is evaluated too, and raises the
+    /// silent-channel alarm.
     pub fn new(cfg: Arc<Config>) -> Engine {
-        Engine::for_channels(cfg.clone(), |_| true)
+        Engine::build(cfg, true)
     }
 
-    /// An engine for the channels `owned` selects (the service: those of one
-    /// partition).
-    pub fn for_channels(cfg: Arc<Config>, owned: impl Fn(&ChannelConfig) -> bool) -> Engine {
+    /// An engine for one Kafka partition of the service. It knows every
+    /// channel of the config (which keys land on which partition is the
+    /// producers' business), but evaluates only the channels whose events
+    /// reached it: the others belong to other partitions, and would
+    /// otherwise cost a tick each and raise false silent-channel alarms.
+    pub fn for_partition(cfg: Arc<Config>) -> Engine {
+        Engine::build(cfg, false)
+    }
+
+    fn build(cfg: Arc<Config>, evaluate_unseen: bool) -> Engine {
         let e = &cfg.engine;
         let mut channels = Vec::new();
         let mut by_id = ahash::AHashMap::new();
-        for c in cfg.channels().filter(|c| owned(c)) {
+        for c in cfg.channels() {
             by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
             channels.push(ChannelRuntime::new(c, e));
         }
         Engine {
+            evaluate_unseen,
             rules: AlertRules::new(cfg.alerts.clone()),
             cfg,
             channels,
@@ -307,6 +319,9 @@ impl Engine {
         let silent_after = self.cfg.engine.silent_after_ms;
         let first_event = self.first_event_ms.unwrap_or(now);
         for idx in 0..self.channels.len() {
+            if !self.evaluate_unseen && self.channels[idx].last_event_ms.is_none() {
+                continue;
+            }
             self.stats.evaluations += 1;
             let ch = &mut self.channels[idx];
             let policy = ch.cfg.policy.clone();
@@ -584,7 +599,7 @@ impl Engine {
 }
 
 /// The engine and the scheduler together, for a process that owns every
-/// channel: the simulator, replay and the demo. Re-plans every group after
+/// channel: the simulator and replay. Re-plans every group after
 /// each evaluation tick the watermark crosses.
 pub struct Pipeline {
     pub engine: Engine,
@@ -849,6 +864,34 @@ mod tests {
         let mut other = (*three).clone();
         other.engine.slice_ms *= 2;
         assert!(e.reconfigure(Arc::new(other)).is_err());
+    }
+
+    #[test]
+    fn a_partition_engine_leaves_other_partitions_channels_alone() {
+        let cfg = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        ));
+        let silent = cfg.engine.silent_after_ms;
+        let run = |mut e: Engine| {
+            let mut out = Vec::new();
+            let mut t = T0;
+            while t < T0 + 3 * silent {
+                e.apply(&ev("paid-a", t), &mut out).unwrap();
+                t += 100;
+            }
+            out.iter()
+                .filter(|a| a.kind == AlertKind::SilentChannel)
+                .map(|a| a.channel_id.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        // Owning every channel: free-a never sent anything, that is news.
+        assert!(run(Engine::new(cfg.clone())).contains(&"free-a".to_string()));
+        // One partition of many: free-a lives elsewhere.
+        assert!(run(Engine::for_partition(cfg)).is_empty());
     }
 
     #[test]

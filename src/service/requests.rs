@@ -585,7 +585,7 @@ impl LoopState {
                             .max(self.cfg.engine.short_window_ms)
                         - self.cfg.engine.allowed_lateness_ms;
                     for a in fresh {
-                        let mut engine = Engine::new(self.cfg.clone());
+                        let mut engine = Engine::for_partition(self.cfg.clone());
                         let mut restored = ahash::AHashMap::new();
                         for (channel, s) in &saved {
                             if engine.restore(channel, s.machine.clone(), s.saved_at_ms) {
