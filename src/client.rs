@@ -158,7 +158,9 @@ impl Default for ClientOptions {
     }
 }
 
-fn now_ms() -> i64 {
+/// Wall-clock milliseconds since the Unix epoch (heartbeats, snapshot age;
+/// never an engine decision, which runs on event time).
+pub fn wall_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -236,7 +238,7 @@ impl WeightClient {
 
     /// Freshness of the view.
     pub fn status(&self) -> ClientStatus {
-        let now = now_ms();
+        let now = wall_ms();
         let table = self.table();
         let last = self.shared.last_read_ms.load(Ordering::Relaxed);
         ClientStatus {
@@ -259,7 +261,7 @@ async fn read_once(
         .query_async(conn)
         .await
         .map_err(|e| e.to_string())?;
-    shared.last_read_ms.store(now_ms(), Ordering::Relaxed);
+    shared.last_read_ms.store(wall_ms(), Ordering::Relaxed);
     if let Some(raw) = raw {
         match serde_json::from_str::<WeightSnapshot>(&raw) {
             Ok(snap) => shared.offer(snap),

@@ -93,12 +93,6 @@ async fn read_back(
     Ok(out)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Where gateways get their routing table from: the service's weight store
 /// (in process or Redis), with the static trust-tier table from the config
 /// as the fallback until the first snapshot (what a real gateway's own
@@ -221,7 +215,7 @@ async fn gateways(
             let id = format!("demo-{seq}");
             let ev = done.event(
                 &id,
-                now_ms(),
+                crate::client::wall_ms(),
                 &sc.channels[j].id,
                 &sc.gateway.group,
                 "demo-gw",

@@ -35,12 +35,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// The request partitions this instance owns, as the request loop last
 /// saw them, and how many the topic has.
 #[derive(Default)]
@@ -152,7 +146,7 @@ pub async fn run(
                 match m.payload().map(HealthReport::from_json) {
                     Some(Ok(r)) => {
                         let group = r.group.clone();
-                        if !board.on_report(&cfg, r, wall_ms()) {
+                        if !board.on_report(&cfg, r, crate::client::wall_ms()) {
                             tracing::debug!(%group, "health report for a group not in the config");
                         }
                     }
@@ -203,7 +197,7 @@ pub async fn run(
             }
         }
         writers.retain(|g, _| cfg.groups.iter().any(|x| &x.id == g));
-        let now = wall_ms();
+        let now = crate::client::wall_ms();
         let groups: Vec<String> = writers.keys().cloned().collect();
         for group in groups {
             let Some(gi) = cfg.groups.iter().position(|g| g.id == group) else {

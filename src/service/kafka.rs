@@ -3,13 +3,13 @@
 //! are committed only after everything produced for them was acknowledged),
 //! and log-safe rendering of settings.
 
+use super::metrics::Metrics;
 use crate::config::KafkaConfig;
 use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use rdkafka::Message;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,22 +47,13 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     c
 }
 
-/// Delivery counters of one producer.
-#[derive(Default)]
-pub struct Deliveries {
-    pub delivered: AtomicU64,
-    /// Failed records that offsets depend on (alerts, dead letters).
-    pub failed: AtomicU64,
-    /// Failed best-effort records (health reports: the next one replaces
-    /// them).
-    pub failed_best_effort: AtomicU64,
-}
-
-/// Counts acknowledgements; a failure is logged with its topic (the payload
-/// is not logged: it may be a gateway's data).
+/// Counts acknowledgements into the service's metrics; a failure is logged
+/// with its topic (the payload is not logged: it may be a gateway's data).
 pub struct DeliveryTracker {
-    pub deliveries: Arc<Deliveries>,
-    /// Topic whose records are best effort.
+    pub metrics: Arc<Metrics>,
+    /// Topic whose records are best effort (health reports: the next one
+    /// replaces them); failures elsewhere (alerts, dead letters) are ones
+    /// offsets depend on.
     pub best_effort_topic: String,
 }
 
@@ -71,18 +62,16 @@ impl ClientContext for DeliveryTracker {}
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        let d = &self.deliveries;
+        let m = &self.metrics;
         match result {
-            Ok(_) => {
-                d.delivered.fetch_add(1, Ordering::Relaxed);
+            Ok(_) => Metrics::inc(&m.outputs_delivered),
+            Err((e, rec)) if rec.topic() == self.best_effort_topic => {
+                Metrics::inc(&m.health_reports_undelivered);
+                tracing::warn!(topic = rec.topic(), error = %e, "health report not delivered (the next one replaces it)");
             }
-            Err((e, m)) if m.topic() == self.best_effort_topic => {
-                d.failed_best_effort.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(topic = m.topic(), error = %e, "health report not delivered (the next one replaces it)");
-            }
-            Err((e, m)) => {
-                d.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(topic = m.topic(), error = %e, "output record not delivered");
+            Err((e, rec)) => {
+                Metrics::inc(&m.outputs_undelivered);
+                tracing::error!(topic = rec.topic(), error = %e, "output record not delivered");
             }
         }
     }
@@ -91,16 +80,18 @@ impl ProducerContext for DeliveryTracker {
 /// The producer for alerts, dead letters and health reports.
 pub type OutputProducer = ThreadedProducer<DeliveryTracker>;
 
-pub fn output_producer(kafka: &KafkaConfig) -> anyhow::Result<(OutputProducer, Arc<Deliveries>)> {
-    let d = Arc::new(Deliveries::default());
+pub fn output_producer(
+    kafka: &KafkaConfig,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<OutputProducer> {
     let p = client_config(kafka)
         .set("linger.ms", "5")
         .set("enable.idempotence", "true")
         .create_with_context(DeliveryTracker {
-            deliveries: d.clone(),
+            metrics,
             best_effort_topic: kafka.health_topic.clone(),
         })?;
-    Ok((p, d))
+    Ok(p)
 }
 
 /// Enqueues a record, waiting while the local queue is full. Returns false

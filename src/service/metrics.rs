@@ -19,7 +19,6 @@ pub struct ChannelGauges {
     pub p99_ms: Option<f64>,
     pub error_rate: Option<f64>,
     pub partition: i32,
-    pub watermark_ms: i64,
 }
 
 /// One group as its writer last published it.
@@ -43,6 +42,11 @@ pub struct Metrics {
     pub too_late: AtomicU64,
     pub alerts_produced: AtomicU64,
     pub health_reports: AtomicU64,
+    pub health_reports_undelivered: AtomicU64,
+    /// Alerts, dead letters and health reports acknowledged by Kafka.
+    pub outputs_delivered: AtomicU64,
+    /// Alerts and dead letters Kafka did not take (the request loop stops).
+    pub outputs_undelivered: AtomicU64,
     pub snapshots_written: AtomicU64,
     pub snapshot_heartbeats: AtomicU64,
     pub snapshot_failures: AtomicU64,
@@ -135,7 +139,10 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render_prometheus(&self) -> String {
         let mut s = String::new();
-        let counters: [(&str, &str, &AtomicU64); 14] = [
+        let counters: [(&str, &str, &AtomicU64); 17] = [
+            ("hermes_outputs_delivered_total", "Output records (alerts, dead letters, health reports) acknowledged.", &self.outputs_delivered),
+            ("hermes_outputs_undelivered_total", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &self.outputs_undelivered),
+            ("hermes_health_reports_undelivered_total", "Health reports not delivered (best effort: the next one replaces them).", &self.health_reports_undelivered),
             (
                 "hermes_events_consumed_total",
                 "Records read from the request topic.",
@@ -301,6 +308,16 @@ impl Metrics {
                 esc(channel)
             );
         }
+        let _ = writeln!(s, "# HELP hermes_group_shed Published share of a class's requests to shed.\n# TYPE hermes_group_shed gauge");
+        for (group, g) in &groups {
+            for (class, x) in &g.shed {
+                let _ = writeln!(
+                    s,
+                    "hermes_group_shed{{group=\"{}\",class=\"{class}\"}} {x}",
+                    esc(group)
+                );
+            }
+        }
         let _ = writeln!(s, "# HELP hermes_group_snapshot_version Version of the last snapshot written.\n# TYPE hermes_group_snapshot_version gauge");
         for (group, g) in &groups {
             let _ = writeln!(
@@ -465,6 +482,7 @@ mod tests {
         g.weights.insert(("CORE".into(), "free".into()), 0.3);
         m.set_group("chat", g.clone());
         g.weights.insert(("CORE".into(), "free".into()), 0.0);
+        g.shed.insert("BATCH".into(), 0.25);
         m.set_group("chat", g);
         m.dead_letter("malformed");
         let text = m.render_prometheus();
@@ -472,6 +490,7 @@ mod tests {
             .contains("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"DRAINED\"} 1"));
         assert!(text.contains("hermes_channel_weight_changes_total{channel=\"free\"} 1"));
         assert!(text.contains("hermes_dead_letters_total{kind=\"malformed\"} 1"));
+        assert!(text.contains("hermes_group_shed{group=\"chat\",class=\"BATCH\"} 0.25"));
         assert!(m.render_status().contains("DRAINED"));
     }
 }

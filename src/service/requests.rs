@@ -44,12 +44,6 @@ use std::time::{Duration, Instant};
 
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// A partition the group gave us, as the rebalance callback prepared it.
 #[derive(Debug, Clone)]
 struct Assigned {
@@ -142,7 +136,7 @@ impl RequestContext {
         } else {
             HashMap::new()
         };
-        let since = wall_ms() - self.replay_ms;
+        let since = crate::client::wall_ms() - self.replay_ms;
         let mut by_time = TopicPartitionList::new();
         for e in fresh.elements() {
             let _ = by_time.add_partition_offset(&self.topic, e.partition(), Offset::Offset(since));
@@ -312,7 +306,6 @@ struct LoopState {
     ownership: Arc<Ownership>,
     cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
     producer: Arc<OutputProducer>,
-    deliveries: Arc<kafka::Deliveries>,
     shared: Arc<Mutex<Shared>>,
     partitions: BTreeMap<i32, Partition>,
     registry: Option<Registry>,
@@ -337,7 +330,8 @@ impl RequestLoop {
     ) -> anyhow::Result<RequestLoop> {
         let cfg = cfg_rx.borrow().clone();
         let k = &cfg.kafka;
-        let (producer, deliveries) = kafka::output_producer(k).context("creating the producer")?;
+        let producer =
+            kafka::output_producer(k, metrics.clone()).context("creating the producer")?;
         let producer = Arc::new(producer);
         let shared = Arc::new(Mutex::new(Shared::default()));
         let ctx = RequestContext {
@@ -377,7 +371,6 @@ impl RequestLoop {
                 ownership,
                 cfg_rx,
                 producer,
-                deliveries,
                 shared,
                 partitions: BTreeMap::new(),
                 registry,
@@ -447,7 +440,7 @@ impl LoopState {
             tracing::debug!(error = %e, "outputs still in flight; commit waits for the next round");
             return Ok(());
         }
-        let failed = self.deliveries.failed.load(Ordering::Relaxed);
+        let failed = self.metrics.outputs_undelivered.load(Ordering::Relaxed);
         if failed > 0 {
             anyhow::bail!(
                 "{failed} output record(s) were not delivered; exiting without committing past them"
@@ -577,7 +570,7 @@ impl LoopState {
                     } else {
                         self.load_saved_states()
                     };
-                    let replay_floor_ms = wall_ms()
+                    let replay_floor_ms = crate::client::wall_ms()
                         - self
                             .cfg
                             .engine
@@ -746,7 +739,7 @@ impl LoopState {
     /// lateness), so cool-downs and silence alarms still run.
     fn advance_idle(&mut self) {
         let idle = Duration::from_millis(self.cfg.service.idle_advance_ms as u64);
-        let to = wall_ms() - self.cfg.engine.allowed_lateness_ms;
+        let to = crate::client::wall_ms() - self.cfg.engine.allowed_lateness_ms;
         let ps: Vec<i32> = self
             .partitions
             .iter()
@@ -830,7 +823,6 @@ impl LoopState {
                     p99_ms: h.p99_ms,
                     error_rate: h.error_rate,
                     partition: p,
-                    watermark_ms: watermark,
                 },
             );
             by_group.entry(h.group.clone()).or_default().push(h);
