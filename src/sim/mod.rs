@@ -122,7 +122,13 @@ pub struct RunResult {
     pub channels: Vec<ChannelRun>,
     pub alerts: Vec<AlertEvent>,
     pub requests: u64,
+    /// Requests (not attempts) whose final outcome, after the gateway's
+    /// retries, was an error or a bad answer, or that were shed.
+    pub failed_requests: u64,
+    /// Requests shed by the plan (on the first attempt or on a retry).
     pub shed: u64,
+    /// Retry attempts dispatched.
+    pub retries: u64,
     pub spend: f64,
     /// Seconds in which any channel took more attempts than its capacity.
     pub overload_s: u64,
@@ -171,7 +177,11 @@ pub(crate) struct Completed {
     pub(crate) schema_valid: Option<bool>,
     pub(crate) replacement_chars: i32,
     pub(crate) cost: f64,
+    /// Harmed by an active fault or by overload (attribution, per attempt).
     pub(crate) harmed: bool,
+    /// What the user got was bad, whatever the cause: an error, or an answer
+    /// that is truncated, garbled, schema-invalid, short or too slow.
+    pub(crate) failed: bool,
 }
 
 impl Completed {
@@ -323,6 +333,7 @@ pub(crate) fn answer(
         replacement_chars: 0,
         cost: 0.0,
         harmed: false,
+        failed: false,
     };
     let overload = (load_rps / c.capacity_rps).max(1.0);
     let fail = |out: &mut Completed, e: ErrorClass, status: i32, latency: f64| {
@@ -333,6 +344,7 @@ pub(crate) fn answer(
     if fault.is_some_and(|f| f.refuse_all) {
         fail(&mut out, ErrorClass::ConnectError, 0, rng.range(20.0, 60.0));
         out.harmed = true;
+        out.failed = true;
         return out;
     }
     // The upstream's own rate limiter sheds the excess over its limit.
@@ -377,6 +389,7 @@ pub(crate) fn answer(
     }
     if out.error != ErrorClass::None {
         out.harmed = fault.is_some() || overload > 1.0;
+        out.failed = true;
         return out;
     }
     let sigma =
@@ -411,14 +424,15 @@ pub(crate) fn answer(
     out.cost = c.price_per_1k_tokens * (input_tokens + out.output_tokens) as f64 / 1000.0;
     let normal_p99 =
         base.latency_p99_ms * if req.long { 1.6 } else { 1.0 } * if req.probe { 0.5 } else { 1.0 };
+    let quality_bad = out.truncated || out.replacement_chars > 0 || out.schema_valid == Some(false);
+    let short = |share: f64| (out.output_tokens as f64) < base.output_tokens_median * share;
+    let too_slow = pulsing || latency > normal_p99 * 1.2;
     out.harmed = overload > 1.0 && latency > normal_p99
-        || fault.is_some()
-            && (pulsing
-                || out.truncated
-                || out.replacement_chars > 0
-                || out.schema_valid == Some(false)
-                || latency > normal_p99 * 1.2
-                || (out.output_tokens as f64) < base.output_tokens_median * 0.5 && !req.probe);
+        || fault.is_some() && (quality_bad || too_slow || short(0.5) && !req.probe);
+    // The user's verdict: a short answer is one under 30 % of the channel's
+    // normal median (a healthy answer is that short about once in 3 000; at
+    // half the median it would be once in 40, which is noise, not harm).
+    out.failed = quality_bad || too_slow || short(0.3) && !req.probe;
     out
 }
 
@@ -582,6 +596,7 @@ pub fn run(
                 Pending::Retry(mut req) => {
                     if let Some(j) = route(&plan, req.class, &plan_index, &mut rng) {
                         req.channel = j;
+                        result.retries += 1;
                         dispatch(
                             req,
                             q.at_ms,
@@ -595,6 +610,7 @@ pub fn run(
                         );
                     } else {
                         result.shed += 1;
+                        result.failed_requests += 1;
                     }
                 }
                 Pending::Done(d) => {
@@ -644,8 +660,13 @@ pub fn run(
                             | ErrorClass::ConnectionReset
                             | ErrorClass::ConnectError
                     );
-                    if retryable && !d.req.probe && (d.req.attempt as u32) < sc.gateway.max_retries
-                    {
+                    let retry = retryable
+                        && !d.req.probe
+                        && (d.req.attempt as u32) < sc.gateway.max_retries;
+                    if !retry && !d.req.probe && d.failed {
+                        result.failed_requests += 1;
+                    }
+                    if retry {
                         seq += 1;
                         let mut req = d.req;
                         req.attempt += 1;
@@ -752,7 +773,10 @@ pub fn run(
                             &mut result,
                         );
                     }
-                    None => result.shed += 1,
+                    None => {
+                        result.shed += 1;
+                        result.failed_requests += 1;
+                    }
                 }
             }
         }

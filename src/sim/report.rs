@@ -6,13 +6,23 @@
 //! - `drain_s`: fault start → first transition to DRAINED.
 //! - `recover_s`: fault end → HEALTHY (full weight); 0 if it already was.
 //! - `flaps`: reversed decisions: a move down (to AT_RISK or DRAINED) that
-//!   follows a move up (AT_RISK → HEALTHY, OBSERVING → RECOVERING, a
-//!   recovery step, RECOVERING → HEALTHY) after an earlier move down. A
-//!   failed half-open probe (OBSERVING → DRAINED) is probing, not a reversal.
+//!   follows a move up (AT_RISK → HEALTHY, DRAINED → OBSERVING, OBSERVING →
+//!   RECOVERING, a recovery step, RECOVERING → HEALTHY) after an earlier move
+//!   down. A failed probation (OBSERVING → DRAINED) counts: traffic was let
+//!   back in and taken away again.
+//! - `probation_failures`: the OBSERVING → DRAINED part of `flaps`.
+//! - `retrips`: `flaps` less `probation_failures`: a channel taken down again
+//!   after it had earned weight back (RECOVERING, HEALTHY or AT_RISK).
 //! - `false_drain`: a channel without a fault was drained.
-//! - `bad_requests`: attempts harmed by an active fault (its error, latency,
-//!   truncation, garbling, short output) or by overload; `_static` is the same
-//!   traffic with static trust-tier weights.
+//! - `failed_requests`: what users saw, per *request* (not attempt): its
+//!   final outcome after the gateway's retries was an error or a bad answer
+//!   (truncated, garbled, schema-invalid, under 30 % of the normal output
+//!   median, slower than 1.2 × the normal P99 or caught in a latency pulse),
+//!   or it was shed. `_static` is the same traffic on static trust-tier
+//!   weights, which never shed.
+//! - `harmed_attempts`: attempts harmed by an active fault (its error,
+//!   latency, truncation, garbling, short output) or by overload; a
+//!   diagnostic, not the verdict.
 
 use super::{RunResult, Scenario};
 use crate::alert::{AlertEvent, AlertKind};
@@ -30,6 +40,8 @@ pub struct ChannelReport {
     pub drain_s: Option<f64>,
     pub recover_s: Option<f64>,
     pub flaps: u32,
+    pub probation_failures: u32,
+    pub retrips: u32,
     pub false_drain: bool,
     /// Drain incidents: transitions into DRAINED, except a failed half-open
     /// probe (OBSERVING → DRAINED), which belongs to the incident before it.
@@ -40,7 +52,7 @@ pub struct ChannelReport {
     pub nth_failure_to_drain_s: Option<f64>,
     pub longest_at_risk_s: f64,
     pub served: u64,
-    pub bad: u64,
+    pub harmed: u64,
 }
 
 /// The whole report (`--json` prints exactly this).
@@ -50,15 +62,20 @@ pub struct Report {
     pub duration_s: f64,
     pub seed: u64,
     pub channels: Vec<ChannelReport>,
-    pub bad_requests: u64,
-    pub bad_requests_static: u64,
+    pub requests: u64,
+    /// Per request, shed counted as failed (see the module doc).
+    pub failed_requests: u64,
+    pub failed_requests_static: u64,
+    pub shed: u64,
+    pub retries: u64,
+    pub retries_static: u64,
+    pub harmed_attempts: u64,
+    pub harmed_attempts_static: u64,
     pub spend: f64,
     pub spend_baseline: f64,
     /// Budget over the whole run (budget per hour × hours), if any.
     pub budget: Option<f64>,
     pub overload_s: u64,
-    pub requests: u64,
-    pub shed: u64,
     pub events: u64,
     /// Alerts raised, by kind.
     pub alerts: BTreeMap<String, u64>,
@@ -70,6 +87,7 @@ struct Move {
     to: String,
     up: bool,
     down: bool,
+    probation_failure: bool,
 }
 
 fn moves(alerts: &[AlertEvent], channel: &str, start_ms: i64) -> Vec<Move> {
@@ -80,12 +98,14 @@ fn moves(alerts: &[AlertEvent], channel: &str, start_ms: i64) -> Vec<Move> {
         .map(|a| {
             let from = a.from_state.clone().unwrap_or_default();
             let to = a.to_state.clone().unwrap_or_default();
-            let down = (to == "AT_RISK" || to == "DRAINED") && from != "OBSERVING" && from != to;
+            let down = (to == "AT_RISK" || to == "DRAINED") && from != to;
             let up = a.kind == AlertKind::WeightChange
                 || (to == "HEALTHY" && from != "HEALTHY")
+                || (to == "OBSERVING" && from == "DRAINED")
                 || (to == "RECOVERING" && from == "OBSERVING");
             Move {
                 t_s: (a.event_time_ms - start_ms) as f64 / 1000.0,
+                probation_failure: from == "OBSERVING" && to == "DRAINED",
                 from,
                 to,
                 up,
@@ -128,12 +148,14 @@ pub fn build(
             }
         });
         let mut flaps = 0;
+        let mut probation_failures = 0;
         let mut downs = 0;
         let mut went_up = false;
         for m in &mv {
             if m.down {
                 if downs > 0 && went_up {
                     flaps += 1;
+                    probation_failures += m.probation_failure as u32;
                 }
                 downs += 1;
                 went_up = false;
@@ -174,13 +196,15 @@ pub fn build(
             drain_s,
             recover_s,
             flaps,
+            probation_failures,
+            retrips: flaps - probation_failures,
             false_drain: !faulty && drains > 0,
             drains,
             overload_s: run.overload_s,
             nth_failure_to_drain_s,
             longest_at_risk_s: longest_at_risk,
             served: run.served,
-            bad: run.bad,
+            harmed: run.bad,
         });
     }
     let mut alerts = BTreeMap::new();
@@ -192,16 +216,20 @@ pub fn build(
         duration_s: sc.duration_s,
         seed,
         channels,
-        bad_requests: hermes.channels.iter().map(|c| c.bad).sum(),
-        bad_requests_static: static_run.channels.iter().map(|c| c.bad).sum(),
+        requests: hermes.requests,
+        failed_requests: hermes.failed_requests,
+        failed_requests_static: static_run.failed_requests,
+        shed: hermes.shed,
+        retries: hermes.retries,
+        retries_static: static_run.retries,
+        harmed_attempts: hermes.channels.iter().map(|c| c.bad).sum(),
+        harmed_attempts_static: static_run.channels.iter().map(|c| c.bad).sum(),
         spend: round2(hermes.spend),
         spend_baseline: round2(baseline.spend),
         budget: sc
             .budget_per_hour
             .map(|b| round2(b * sc.duration_s / 3600.0)),
         overload_s: hermes.overload_s,
-        requests: hermes.requests,
-        shed: hermes.shed,
         events: hermes.events,
         alerts,
     }
@@ -222,7 +250,7 @@ pub fn table(r: &Report) -> String {
         r.scenario, r.duration_s, r.seed
     );
     s.push_str(&format!(
-        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>11} {:>9} {:>8}\n",
+        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
         "channel",
         "faulty",
         "fault_s",
@@ -231,10 +259,11 @@ pub fn table(r: &Report) -> String {
         "recov_s",
         "nth→drn",
         "flaps",
+        "retrips",
         "drains",
         "false_drain",
         "served",
-        "bad"
+        "harmed"
     ));
     for c in &r.channels {
         let window = match (c.fault_start_s, c.fault_end_s) {
@@ -242,7 +271,7 @@ pub fn table(r: &Report) -> String {
             _ => "-".into(),
         };
         s.push_str(&format!(
-            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>6} {:>11} {:>9} {:>8}\n",
+            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
             c.id,
             c.faulty,
             window,
@@ -251,23 +280,34 @@ pub fn table(r: &Report) -> String {
             opt(c.recover_s),
             opt(c.nth_failure_to_drain_s),
             c.flaps,
+            c.retrips,
             c.drains,
             c.false_drain,
             c.served,
-            c.bad
+            c.harmed
         ));
     }
-    let ratio = if r.bad_requests_static > 0 {
-        format!(
-            "{:.1} %",
-            100.0 * r.bad_requests as f64 / r.bad_requests_static as f64
-        )
-    } else {
-        "n/a".into()
+    let pct = |a: u64, b: u64| {
+        if b > 0 {
+            format!("{:.1} %", 100.0 * a as f64 / b as f64)
+        } else {
+            "n/a".into()
+        }
     };
     s.push_str(&format!(
-        "\nbad requests: {} with Hermes vs {} with static weights ({ratio})\n",
-        r.bad_requests, r.bad_requests_static
+        "\nfailed requests (after retries, shed counted): {} with Hermes vs {} with static weights ({} of static)\n",
+        r.failed_requests,
+        r.failed_requests_static,
+        pct(r.failed_requests, r.failed_requests_static)
+    ));
+    s.push_str(&format!(
+        "  of {} requests: shed {}, retries {} (static {}), harmed attempts {} (static {})\n",
+        r.requests,
+        r.shed,
+        r.retries,
+        r.retries_static,
+        r.harmed_attempts,
+        r.harmed_attempts_static
     ));
     s.push_str(&format!(
         "spend: {:.2} (no-fault baseline {:.2}{})\n",
@@ -277,8 +317,8 @@ pub fn table(r: &Report) -> String {
             .map_or(String::new(), |b| format!(", budget {b:.2}"))
     ));
     s.push_str(&format!(
-        "overload: {} s; requests {}, shed {}, events {}\n",
-        r.overload_s, r.requests, r.shed, r.events
+        "overload: {} s; events {}\n",
+        r.overload_s, r.events
     ));
     let alerts: Vec<String> = r.alerts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     s.push_str(&format!("alerts: {}\n", alerts.join(", ")));
