@@ -212,6 +212,7 @@ fn bench_schedule(c: &mut Criterion) {
             quota_remaining: None,
             quota_exhausted_in_ms: None,
             tokens_per_request: Some(900.0),
+            failure_rate: Some([0.0, 0.01, 0.05, 0.02, 0.3][i % 5]),
         })
         .collect();
     let input = GroupInput {
@@ -222,6 +223,7 @@ fn bench_schedule(c: &mut Criterion) {
         budget_per_hour: Some(2_000_000.0),
         horizon_ms: 3_600_000,
         warm: true,
+        correlated: false,
     };
     let classes = ClassPolicies::default();
     let cfg = ScheduleConfig::default();

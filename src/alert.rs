@@ -33,6 +33,7 @@ avro_enum! {
         UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
         Degraded => "DEGRADED",
         Other => "OTHER",
+        CorrelatedFailure => "CORRELATED_FAILURE",
     }
 }
 
@@ -217,6 +218,58 @@ impl AlertRules {
             } else {
                 format!("group {group}: manual mode off, Hermes schedules again")
             },
+        }
+    }
+
+    /// A route group's failure is correlated (SPEC §5a panic mode), or is
+    /// no longer: one P1 for the group when it starts, INFO when it ends.
+    /// Never deduplicated: both are actions (draining stops, then resumes).
+    pub fn correlated_failure(
+        &mut self,
+        group: &str,
+        now_ms: i64,
+        change: &crate::safety::SafetyChange,
+    ) -> AlertEvent {
+        use crate::safety::SafetyChange;
+        let (severity, reason, message) = match change {
+            SafetyChange::Entered {
+                bad_share,
+                bad_channels,
+            } => (
+                Severity::P1,
+                format!("correlated_failure(bad_share={bad_share:.2}, channels={bad_channels})"),
+                format!(
+                    "group {group}: {bad_channels} channels carrying {:.0} % of its capacity \
+                     degraded at once; a common cause (the model everywhere, or the gateways' \
+                     egress), not a channel fault: draining stops, traffic goes to the \
+                     least-bad channels",
+                    bad_share * 100.0
+                ),
+            ),
+            SafetyChange::Ended { lasted_ms } => (
+                Severity::Info,
+                format!("correlated_failure_ended(lasted_ms={lasted_ms})"),
+                format!(
+                    "group {group}: the correlated failure ended after {} s; channels are \
+                     judged one by one again",
+                    lasted_ms / 1000
+                ),
+            ),
+        };
+        AlertEvent {
+            alert_id: self.id(group, AlertKind::CorrelatedFailure, now_ms),
+            event_time_ms: now_ms,
+            route_group: group.to_string(),
+            channel_id: None,
+            kind: AlertKind::CorrelatedFailure,
+            severity,
+            from_state: None,
+            to_state: None,
+            reason,
+            score: None,
+            breakdown: BTreeMap::new(),
+            weight: None,
+            message,
         }
     }
 

@@ -255,8 +255,10 @@ mod tests {
             tokens_per_request: Some(500.0),
             p99_ms: Some(900.0),
             error_rate: Some(0.0),
+            failure_rate: Some(0.0),
             quota_remaining: None,
             quota_exhausted_in_ms: None,
+            correlated: false,
         }
     }
 

@@ -23,6 +23,8 @@
 //! - `alert`: alert events, severities and dedup.
 //! - `pipeline`: the engine that ties the above together per event and per
 //!   evaluation tick.
+//! - `safety`: group-level safety (SPEC §5a): a correlated failure across
+//!   a route group puts it in panic mode instead of draining it.
 //! - `schedule`: the cost-aware graded scheduler: per route group and
 //!   traffic class, weights over channels, shed shares, projected spend.
 //!
@@ -55,6 +57,7 @@ pub mod health;
 pub mod pipeline;
 pub mod publish;
 pub mod replay;
+pub mod safety;
 pub mod schedule;
 pub mod score;
 pub mod service;

@@ -24,9 +24,10 @@
 use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
 use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
-use crate::score::{score, Score};
+use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
+use crate::score::{optimistic, pessimistic, score, Score};
 use crate::signals::{baseline_point, measure, Horizon, Signals};
-use crate::state::{Change, Pin, StateKind, StateMachine};
+use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
 use std::sync::Arc;
 
@@ -87,12 +88,22 @@ pub struct ChannelHealth {
     pub tokens_per_request: Option<f64>,
     pub p99_ms: Option<f64>,
     pub error_rate: Option<f64>,
+    /// Hard failures and bad answers over judged outcomes (the
+    /// `bad_outcome_rate` signal), if measured.
+    #[serde(default)]
+    pub failure_rate: Option<f64>,
     pub quota_remaining: Option<i64>,
     pub quota_exhausted_in_ms: Option<i64>,
+    /// The channel's group is in a correlated failure (SPEC §5a panic mode,
+    /// see `safety`) as this engine saw it at its last tick.
+    #[serde(default)]
+    pub correlated: bool,
 }
 
 struct ChannelRuntime {
     cfg: ChannelConfig,
+    /// Position of the channel's group in the config (`Engine::safety`).
+    group_idx: usize,
     ring: SliceRing,
     outcomes: OutcomeWindow,
     streak: FailureStreak,
@@ -100,6 +111,9 @@ struct ChannelRuntime {
     baseline: Baseline,
     machine: StateMachine,
     score: Option<Score>,
+    /// The score at the rate signals' confidence bounds (relapses, passes).
+    score_low: Option<f64>,
+    score_high: Option<f64>,
     signals: Signals,
     last_event_ms: Option<i64>,
     next_baseline_ms: Option<i64>,
@@ -109,9 +123,10 @@ struct ChannelRuntime {
 }
 
 impl ChannelRuntime {
-    fn new(c: &ChannelConfig, e: &crate::config::EngineConfig) -> ChannelRuntime {
+    fn new(c: &ChannelConfig, group_idx: usize, e: &crate::config::EngineConfig) -> ChannelRuntime {
         ChannelRuntime {
             cfg: c.clone(),
+            group_idx,
             ring: SliceRing::new(e),
             outcomes: OutcomeWindow::new(e.outcome_window),
             streak: FailureStreak::default(),
@@ -119,6 +134,8 @@ impl ChannelRuntime {
             baseline: Baseline::new(e.baseline_windows),
             machine: StateMachine::default(),
             score: None,
+            score_low: None,
+            score_high: None,
             signals: Signals::default(),
             last_event_ms: None,
             next_baseline_ms: None,
@@ -144,6 +161,8 @@ pub struct Engine {
     scratch: Vec<Change>,
     /// Evaluate channels no event of this engine has named yet.
     evaluate_unseen: bool,
+    /// Per group (config order): the correlated-failure memory.
+    safety: Vec<GroupSafety>,
 }
 
 impl Engine {
@@ -167,12 +186,15 @@ impl Engine {
         let e = &cfg.engine;
         let mut channels = Vec::new();
         let mut by_id = ahash::AHashMap::new();
-        for c in cfg.channels() {
-            by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
-            channels.push(ChannelRuntime::new(c, e));
+        for (gi, g) in cfg.groups.iter().enumerate() {
+            for c in &g.channels {
+                by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
+                channels.push(ChannelRuntime::new(c, gi, e));
+            }
         }
         Engine {
             evaluate_unseen,
+            safety: vec![GroupSafety::default(); cfg.groups.len()],
             rules: AlertRules::new(cfg.alerts.clone()),
             cfg,
             channels,
@@ -270,11 +292,13 @@ impl Engine {
         }
         if n > before {
             let policy = ch.cfg.policy.clone();
+            let correlated = self.safety[ch.group_idx].in_panic();
             self.scratch.clear();
             let mut scratch = std::mem::take(&mut self.scratch);
             self.channels[idx as usize].machine.on_failure_streak(
                 t,
                 n,
+                correlated,
                 &policy.states,
                 &mut scratch,
             );
@@ -314,112 +338,210 @@ impl Engine {
         self.watermark_ms = Some(now_ms);
     }
 
+    /// One evaluation tick at `now`, in three steps: measure and score every
+    /// channel; judge each route group as a whole (`safety`); then step each
+    /// channel's state machine and run the alert rules.
     fn evaluate_all(&mut self, now: i64, out: &mut Vec<AlertEvent>) {
-        let short_ms = self.cfg.engine.short_window_ms;
-        let silent_after = self.cfg.engine.silent_after_ms;
-        let first_event = self.first_event_ms.unwrap_or(now);
+        let mut due = Vec::with_capacity(self.channels.len());
         for idx in 0..self.channels.len() {
             if !self.evaluate_unseen && self.channels[idx].last_event_ms.is_none() {
                 continue;
             }
             self.stats.evaluations += 1;
-            let ch = &mut self.channels[idx];
-            let policy = ch.cfg.policy.clone();
-            let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
-            let horizon = if ch.machine.kind() == StateKind::Observing {
-                Horizon::Whole
-            } else {
-                Horizon::Recent
-            };
-            ch.signals = measure(
-                &mut ch.ring,
-                &ch.outcomes,
-                &ch.baseline,
-                &self.cfg.engine,
-                &policy.signals,
-                now,
-                since,
-                horizon,
-                policy.states.probation_min_samples,
-            );
-            let sc = score(&ch.signals, &policy.signals);
-            let voted = sc.voters() > 0;
-            ch.score = voted.then_some(sc);
+            self.measure_channel(idx, now);
+            due.push(idx);
+        }
+        self.judge_groups(now, &due, out);
+        for idx in due {
+            self.step_channel(idx, now, out);
+        }
+    }
 
-            // The baseline learns once per short window, only while healthy.
-            let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
-            if now >= next_learn {
-                ch.next_baseline_ms = Some(next_learn + short_ms);
-                if ch.machine.is_healthy() && voted && sc.value < policy.states.at_risk_enter {
-                    let (p99, out_median) = baseline_point(&ch.signals, &policy.signals);
-                    if p99.is_finite() || out_median.is_finite() {
-                        ch.baseline.learn(p99, out_median);
-                    }
+    /// Signals, score, and the baseline (which learns once per short window,
+    /// only while the channel is healthy).
+    fn measure_channel(&mut self, idx: usize, now: i64) {
+        let short_ms = self.cfg.engine.short_window_ms;
+        let ch = &mut self.channels[idx];
+        let policy = ch.cfg.policy.clone();
+        let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
+        let horizon = if ch.machine.kind() == StateKind::Observing {
+            Horizon::Whole
+        } else {
+            Horizon::Recent
+        };
+        ch.signals = measure(
+            &mut ch.ring,
+            &ch.outcomes,
+            &ch.baseline,
+            &self.cfg.engine,
+            &policy.signals,
+            now,
+            since,
+            horizon,
+            policy.states.probation_min_samples,
+        );
+        let sc = score(&ch.signals, &policy.signals);
+        let voted = sc.voters() > 0;
+        ch.score = voted.then_some(sc);
+        let z = policy.states.probation_confidence_z;
+        ch.score_low = voted.then(|| optimistic(&ch.signals, &policy.signals, z));
+        ch.score_high = voted.then(|| pessimistic(&ch.signals, &policy.signals, z));
+        let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
+        if now >= next_learn {
+            ch.next_baseline_ms = Some(next_learn + short_ms);
+            if ch.machine.is_healthy() && voted && sc.value < policy.states.at_risk_enter {
+                let (p99, out_median) = baseline_point(&ch.signals, &policy.signals);
+                if p99.is_finite() || out_median.is_finite() {
+                    ch.baseline.learn(p99, out_median);
                 }
             }
+        }
+    }
 
-            if ch.frozen_at(now) {
-                // Replaying what the restored state already reflects.
+    /// SPEC §5a: is a group's failure correlated? On entering panic, the
+    /// channels the common cause drained are let back and one P1 is raised.
+    fn judge_groups(&mut self, now: i64, due: &[usize], out: &mut Vec<AlertEvent>) {
+        let window_ms = self.cfg.safety.correlation_window_ms;
+        for gi in 0..self.safety.len() {
+            let peers: Vec<PeerHealth> = due
+                .iter()
+                .map(|&i| &self.channels[i])
+                .filter(|ch| ch.group_idx == gi)
+                .map(|ch| {
+                    let p = &ch.cfg.policy.states;
+                    let recent_incident = ch
+                        .machine
+                        .incident_since_ms()
+                        .is_some_and(|t| t >= now - window_ms);
+                    PeerHealth {
+                        capacity_rps: ch.cfg.capacity_rps,
+                        bad: recent_incident
+                            || ch.score.is_some_and(|s| s.value >= p.at_risk_enter),
+                        pinned: ch.machine.pin().is_some(),
+                    }
+                })
+                .collect();
+            let Some(change) = self.safety[gi].update(now, &peers, &self.cfg.safety) else {
+                continue;
+            };
+            let group = self.cfg.groups[gi].id.clone();
+            out.push(self.rules.correlated_failure(&group, now, &change));
+            if !matches!(change, SafetyChange::Entered { .. }) {
                 continue;
             }
-            self.scratch.clear();
-            let mut scratch = std::mem::take(&mut self.scratch);
-            ch.machine.evaluate_with_evidence(
-                now,
-                voted.then_some(sc.value),
-                // Probes are evidence only when there is no half-open share.
-                if policy.states.half_open_share > 0.0 {
-                    ch.signals.evidence_real
-                } else {
-                    ch.signals.evidence_real + ch.signals.evidence_probe
-                },
-                &policy.states,
-                &mut scratch,
-            );
-            self.emit_changes(idx as ChannelIdx, &scratch, out);
-            self.scratch = scratch;
-
-            let ch = &self.channels[idx];
-            let who = Subject {
-                group: &ch.cfg.group,
-                channel: &ch.cfg.id,
-                index: idx as ChannelIdx,
-            };
-            self.rules.on_evaluation(&who, now, &ch.signals, &sc, out);
-            if ch.machine.is_oscillating(now, &policy.states) {
-                self.rules.alarm(
-                    &who,
-                    AlertKind::Oscillation,
-                    Severity::P2,
+            for &idx in due {
+                if self.channels[idx].group_idx != gi || self.channels[idx].frozen_at(now) {
+                    continue;
+                }
+                let states = self.channels[idx].cfg.policy.states.clone();
+                self.scratch.clear();
+                let mut scratch = std::mem::take(&mut self.scratch);
+                self.channels[idx].machine.release_common_cause(
                     now,
-                    "oscillation".into(),
+                    now - window_ms,
+                    &states,
+                    &mut scratch,
+                );
+                self.emit_changes(idx as ChannelIdx, &scratch, out);
+                self.scratch = scratch;
+            }
+        }
+    }
+
+    /// Steps one channel's machine with its score and runs its alert rules.
+    fn step_channel(&mut self, idx: usize, now: i64, out: &mut Vec<AlertEvent>) {
+        let ch = &mut self.channels[idx];
+        if ch.frozen_at(now) {
+            // Replaying what the restored state already reflects.
+            return;
+        }
+        let policy = ch.cfg.policy.clone();
+        let evaluation = Evaluation {
+            score: ch.score.map(|s| s.value),
+            score_low: ch.score_low,
+            score_high: ch.score_high,
+            // Probes are evidence only when there is no half-open share.
+            evidence: if policy.states.half_open_share > 0.0 {
+                ch.signals.evidence_real
+            } else {
+                ch.signals.evidence_real + ch.signals.evidence_probe
+            },
+            correlated: self.safety[ch.group_idx].in_panic(),
+        };
+        self.scratch.clear();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        ch.machine
+            .step(now, evaluation, &policy.states, &mut scratch);
+        self.emit_changes(idx as ChannelIdx, &scratch, out);
+        self.scratch = scratch;
+        self.channel_alarms(idx, now, out);
+    }
+
+    /// Alarms a tick may raise for one channel: the signal rules,
+    /// oscillation, silence.
+    fn channel_alarms(&mut self, idx: usize, now: i64, out: &mut Vec<AlertEvent>) {
+        let silent_after = self.cfg.engine.silent_after_ms;
+        let first_event = self.first_event_ms.unwrap_or(now);
+        let ch = &self.channels[idx];
+        let policy = &ch.cfg.policy;
+        let who = Subject {
+            group: &ch.cfg.group,
+            channel: &ch.cfg.id,
+            index: idx as ChannelIdx,
+        };
+        let sc = ch.score.unwrap_or_default();
+        self.rules.on_evaluation(&who, now, &ch.signals, &sc, out);
+        let fast = ch.machine.is_oscillating(now, &policy.states);
+        if fast || ch.machine.is_repeat_offender(now, &policy.states) {
+            let (reason, message) = if fast {
+                (
+                    "oscillation".to_string(),
                     format!(
                         "channel {}: more than {} weight changes within {} s",
                         ch.cfg.id,
                         policy.states.oscillation_max_changes,
                         policy.states.oscillation_window_ms / 1000
                     ),
-                    ch.score.as_ref(),
-                    out,
-                );
-            }
-            let quiet_since = ch.last_event_ms.unwrap_or(first_event);
-            if now - quiet_since > silent_after && ch.machine.weight(&policy.states) > 0.0 {
-                self.rules.alarm(
-                    &who,
-                    AlertKind::SilentChannel,
-                    Severity::P2,
-                    now,
-                    format!("silent_ms={}", now - quiet_since),
+                )
+            } else {
+                let penalty = ch.machine.penalty(now, &policy.states);
+                (
+                    format!("repeated_incidents(penalty={penalty:.2})"),
                     format!(
-                        "channel {}: no events for {} s while it has weight",
+                        "channel {}: fails again after being let back (incident penalty \
+                         {penalty:.1}, halving every {} min); its cool-down keeps growing",
                         ch.cfg.id,
-                        (now - quiet_since) / 1000
+                        policy.states.penalty_half_life_ms / 60_000
                     ),
-                    None,
-                    out,
-                );
-            }
+                )
+            };
+            self.rules.alarm(
+                &who,
+                AlertKind::Oscillation,
+                Severity::P2,
+                now,
+                reason,
+                message,
+                ch.score.as_ref(),
+                out,
+            );
+        }
+        let quiet_since = ch.last_event_ms.unwrap_or(first_event);
+        if now - quiet_since > silent_after && ch.machine.weight(&policy.states) > 0.0 {
+            self.rules.alarm(
+                &who,
+                AlertKind::SilentChannel,
+                Severity::P2,
+                now,
+                format!("silent_ms={}", now - quiet_since),
+                format!(
+                    "channel {}: no events for {} s while it has weight",
+                    ch.cfg.id,
+                    (now - quiet_since) / 1000
+                ),
+                None,
+                out,
+            );
         }
     }
 
@@ -519,14 +641,30 @@ impl Engine {
             .collect();
         let mut channels = Vec::new();
         let mut by_id = ahash::AHashMap::new();
-        for c in cfg.channels() {
-            let mut rt = old
-                .remove(&c.id)
-                .unwrap_or_else(|| ChannelRuntime::new(c, &cfg.engine));
-            rt.cfg = c.clone();
-            by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
-            channels.push(rt);
+        for (gi, g) in cfg.groups.iter().enumerate() {
+            for c in &g.channels {
+                let mut rt = old
+                    .remove(&c.id)
+                    .unwrap_or_else(|| ChannelRuntime::new(c, gi, &cfg.engine));
+                rt.cfg = c.clone();
+                rt.group_idx = gi;
+                by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
+                channels.push(rt);
+            }
         }
+        // Groups keep their panic memory by id; new ones start calm.
+        let safety = cfg
+            .groups
+            .iter()
+            .map(|g| {
+                self.cfg
+                    .groups
+                    .iter()
+                    .position(|o| o.id == g.id)
+                    .map_or_else(GroupSafety::default, |i| self.safety[i])
+            })
+            .collect();
+        self.safety = safety;
         self.channels = channels;
         self.by_id = by_id;
         if cfg.alerts != self.cfg.alerts {
@@ -585,8 +723,13 @@ impl Engine {
             tokens_per_request: (real_requests > 0).then(|| tokens as f64 / real_requests as f64),
             p99_ms: ch.signals.latency.map(|l| l.p99_ms),
             error_rate: ch.signals.error_rate,
+            failure_rate: ch
+                .signals
+                .get(crate::signals::SignalKind::BadOutcomeRate)
+                .map(|m| m.value),
             quota_remaining: ch.signals.quota_remaining,
             quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
+            correlated: self.safety[ch.group_idx].in_panic(),
         }
     }
 
@@ -772,13 +915,13 @@ mod tests {
         let mut e = engine();
         let mut out = Vec::new();
         healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
-        // free tier: 3 consecutive hard failures
-        for (i, t) in [60_001, 60_002, 60_003].iter().enumerate() {
+        // free tier: 4 consecutive hard failures
+        for (i, t) in [60_001, 60_002, 60_003, 60_004].iter().enumerate() {
             let mut x = ev("free-a", T0 + t);
             x.error_class = ErrorClass::ConnectionReset;
             e.apply(&x, &mut out).unwrap();
             let idx = e.channel_index("free-a").unwrap();
-            let expect = if i < 2 {
+            let expect = if i < 3 {
                 StateKind::Healthy
             } else {
                 StateKind::Drained
@@ -787,11 +930,11 @@ mod tests {
         }
         let a = out.last().unwrap();
         assert_eq!(a.kind, AlertKind::Transition);
-        assert_eq!(a.event_time_ms, T0 + 60_003);
+        assert_eq!(a.event_time_ms, T0 + 60_004);
         assert_eq!(a.to_state.as_deref(), Some("DRAINED"));
         assert_eq!(
             a.reason,
-            TransitionReason::ConsecutiveFailures { n: 3 }.to_string()
+            TransitionReason::ConsecutiveFailures { n: 4 }.to_string()
         );
     }
 
@@ -803,12 +946,12 @@ mod tests {
     fn a_restored_machine_does_not_step_on_what_the_replay_already_covers() {
         fn history(e: &mut Engine, out: &mut Vec<AlertEvent>) {
             healthy(e, T0, T0 + 60_000, 10, out);
-            for t in [60_001, 60_002, 60_003] {
+            for t in [60_001, 60_002, 60_003, 60_004] {
                 let mut x = ev("free-a", T0 + t);
                 x.error_class = ErrorClass::ConnectionReset;
                 e.apply(&x, out).unwrap();
             }
-            healthy(e, T0 + 60_004, T0 + 170_000, 10, out);
+            healthy(e, T0 + 60_005, T0 + 170_000, 10, out);
         }
         let mut live = engine();
         let mut out = Vec::new();
@@ -840,7 +983,7 @@ mod tests {
         let mut e = engine();
         let mut out = Vec::new();
         healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
-        for t in [60_001, 60_002, 60_003] {
+        for t in [60_001, 60_002, 60_003, 60_004] {
             let mut x = ev("free-a", T0 + t);
             x.error_class = ErrorClass::ConnectionReset;
             e.apply(&x, &mut out).unwrap();

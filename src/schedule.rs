@@ -60,6 +60,8 @@ pub struct ChannelInput {
     pub quota_exhausted_in_ms: Option<i64>,
     /// Mean tokens per request on this channel, if observed.
     pub tokens_per_request: Option<f64>,
+    /// Share of hard failures and bad answers, if measured.
+    pub failure_rate: Option<f64>,
 }
 
 /// One group's scheduling input.
@@ -76,6 +78,9 @@ pub struct GroupInput {
     pub horizon_ms: i64,
     /// False until the engine has seen a window of data.
     pub warm: bool,
+    /// The group is in a correlated failure (SPEC §5a panic mode): every
+    /// unpinned channel is planned as healthy, as static routing would.
+    pub correlated: bool,
 }
 
 /// Why a channel got the share it got (the first limit that bound).
@@ -202,6 +207,7 @@ struct Ctx<'a> {
     order_cost: Vec<usize>,
     classes: &'a ClassPolicies,
     prio: [TrafficClass; 4],
+    overflow_max_failure_rate: f64,
 }
 
 impl Ctx<'_> {
@@ -257,7 +263,15 @@ pub fn plan(
     previous: Option<&Plan>,
     manual: bool,
 ) -> Plan {
-    let mut ch: Vec<&ChannelInput> = input.channels.iter().collect();
+    // Panic mode: health does not route, only pins, capacity and price do.
+    let calm: Vec<ChannelInput>;
+    let channels = if input.correlated {
+        calm = input.channels.iter().map(as_if_healthy).collect();
+        &calm
+    } else {
+        &input.channels
+    };
+    let mut ch: Vec<&ChannelInput> = channels.iter().collect();
     ch.sort_by(|a, b| a.id.cmp(&b.id));
     let n = ch.len();
     let total_initial: f64 = ch.iter().map(|c| c.initial_weight.max(0.0)).sum();
@@ -309,6 +323,7 @@ pub fn plan(
         order_cost,
         classes,
         prio: classes.in_priority_order(),
+        overflow_max_failure_rate: cfg.overflow_max_failure_rate,
     };
 
     let target = if manual {
@@ -342,6 +357,19 @@ pub fn plan(
     };
 
     build_plan(input, &ctx, fractions, previous, manual)
+}
+
+/// A channel as panic mode plans it: healthy unless an operator pinned it.
+fn as_if_healthy(c: &ChannelInput) -> ChannelInput {
+    if c.pinned {
+        return c.clone();
+    }
+    ChannelInput {
+        state: StateKind::Healthy,
+        health_weight: 1.0,
+        score: None,
+        ..c.clone()
+    }
 }
 
 fn normalize_rows(f: &mut Fractions) {
@@ -511,6 +539,11 @@ fn healthy_plan(
         }
     }
 
+    // What healthy and AT_RISK capacity could not take goes to the least-bad
+    // unhealthy channels rather than being shed (SPEC §5a: health never
+    // sheds what static routing would have served), highest priority first.
+    overflow_to_least_bad(ctx, &mut rps, &mut left);
+
     // 5. Budget: lowest-priority classes off the most expensive channels.
     if let Some(budget) = budget {
         let spend = |rps: &[Vec<f64>; 4]| -> f64 {
@@ -573,6 +606,48 @@ fn healthy_plan(
     }
     let fractions = [0, 1, 2, 3].map(|k| (0..n).map(|j| rps[k][j] / ctx.demand[k]).collect());
     (fractions, reasons)
+}
+
+/// Demand left after the healthy fill goes to unpinned unhealthy channels,
+/// lowest score first (cheapest on ties), within their capacity, unless a
+/// channel fails about everything (`overflow_max_failure_rate`).
+/// Shedding is then for capacity and budget only.
+fn overflow_to_least_bad(ctx: &Ctx<'_>, rps: &mut [Vec<f64>; 4], left: &mut [f64; 4]) {
+    let n = ctx.ch.len();
+    let mut sick: Vec<usize> = (0..n)
+        .filter(|&j| {
+            let c = ctx.ch[j];
+            c.state != StateKind::Healthy
+                && !c.pinned
+                && c.failure_rate
+                    .is_none_or(|f| f < ctx.overflow_max_failure_rate)
+        })
+        .collect();
+    sick.sort_by(|a, b| {
+        let score = |j: usize| ctx.ch[j].score.unwrap_or(0.0);
+        score(*a)
+            .total_cmp(&score(*b))
+            .then(
+                ctx.ch[*a]
+                    .price_per_1k_tokens
+                    .total_cmp(&ctx.ch[*b].price_per_1k_tokens),
+            )
+            .then(ctx.ch[*a].id.cmp(&ctx.ch[*b].id))
+    });
+    for class in ctx.prio {
+        let k = class.index();
+        for &j in &sick {
+            if left[k] <= EPS {
+                break;
+            }
+            let used: f64 = (0..4).map(|kk| rps[kk][j]).sum();
+            let take = left[k].min((ctx.cap[j] - used).max(0.0));
+            if take > EPS {
+                rps[k][j] += take;
+                left[k] -= take;
+            }
+        }
+    }
 }
 
 fn spend_per_hour(c: &ChannelInput, rps: f64) -> f64 {
@@ -786,6 +861,7 @@ impl Scheduler {
                 quota_remaining: h.and_then(|h| h.quota_remaining),
                 quota_exhausted_in_ms: h.and_then(|h| h.quota_exhausted_in_ms),
                 tokens_per_request: h.and_then(|h| h.tokens_per_request),
+                failure_rate: h.and_then(|h| h.failure_rate),
             });
         }
         // Shed requests never reach a channel, so while a class is shed its
@@ -810,6 +886,7 @@ impl Scheduler {
             budget_per_hour: g.budget_per_hour,
             horizon_ms: self.cfg.engine.quota_horizon_ms,
             warm,
+            correlated: health.iter().any(|h| h.group == g.id && h.correlated),
         };
         let next = plan(
             &input,
@@ -844,6 +921,7 @@ mod tests {
             quota_remaining: None,
             quota_exhausted_in_ms: None,
             tokens_per_request: Some(1000.0),
+            failure_rate: Some(0.0),
         }
     }
 
@@ -856,6 +934,7 @@ mod tests {
             budget_per_hour: None,
             horizon_ms: 3_600_000,
             warm: true,
+            correlated: false,
         }
     }
 
@@ -957,6 +1036,8 @@ mod tests {
         assert!(close(healthy.channels[0].planned_rps, 90.0));
         assert!(close(healthy.channels[1].planned_rps, 10.0));
         set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
+        // Down hard: nothing would be served there, so the rest is shed.
+        g.channels[0].failure_rate = Some(1.0);
         let p = run(&g);
         let paid = &p.channels[1];
         assert!(
@@ -973,6 +1054,47 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_channel_that_still_serves_takes_the_overflow_instead_of_a_shed() {
+        // SPEC §5a: health never sheds what static routing would have
+        // served. Free fails 20 % and is drained; paid can take 46 of 100.
+        let mut g = group(
+            vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 57.5, 0.1)],
+            [20.0, 30.0, 40.0, 10.0],
+        );
+        set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
+        g.channels[0].failure_rate = Some(0.2);
+        let p = run(&g);
+        for c in &p.classes {
+            assert_eq!(c.shed, 0.0, "{:?} shed", c.class);
+        }
+        // Interactive stays off the sick channel; the overflow is what the
+        // lowest priorities could not fit on paid.
+        assert_eq!(p.weight(Interactive, "free"), 0.0);
+        assert!(close(p.channels[1].planned_rps, 46.0));
+        assert!(close(p.channels[0].planned_rps, 54.0));
+        // Past the limit it fails about everything: shed after all.
+        g.channels[0].failure_rate = Some(0.95);
+        assert!(run(&g).class(Batch).shed > 0.99);
+    }
+
+    #[test]
+    fn a_correlated_failure_is_planned_like_static_routing() {
+        let mut g = group(
+            vec![ch("free", 0.0, 60.0, 0.3), ch("paid", 1.0, 60.0, 0.7)],
+            [10.0, 10.0, 10.0, 0.0],
+        );
+        let calm = run(&g);
+        set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
+        set_state(&mut g, "paid", StateKind::AtRisk, 0.3, 0.6);
+        g.correlated = true;
+        let p = run(&g);
+        assert!(p.same_routing(&calm), "{p:?}");
+        // A pin still holds.
+        g.channels[0].pinned = true;
+        assert_eq!(run(&g).weight(Core, "free"), 0.0);
+    }
+
+    #[test]
     fn at_risk_capacity_takes_tolerant_overflow_before_shedding() {
         let mut g = group(
             vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 50.0, 0.1)],
@@ -980,9 +1102,11 @@ mod tests {
         );
         set_state(&mut g, "free", StateKind::AtRisk, 0.3, 0.5);
         let p = run(&g);
-        // Interactive and core fit on paid (40) except 10 core rps, shed.
+        // Interactive and core fit on paid (40) except 10 core rps, which
+        // go to the least-bad channel rather than being shed (SPEC §5a).
         assert_eq!(p.weight(Interactive, "free"), 0.0);
-        assert!(close(p.class(Core).shed, 10.0 / 30.0));
+        assert_eq!(p.class(Core).shed, 0.0);
+        assert!(close(p.weight(Core, "free"), 10.0 / 30.0));
         // Batch and experimental stay on the degraded free channel, unshed.
         assert_eq!(p.class(Batch).shed, 0.0);
         assert_eq!(p.class(Experimental).shed, 0.0);
@@ -1177,11 +1301,22 @@ mod tests {
                 prop_assert!((0.0..=1.0).contains(&c.shed));
                 prop_assert!(close(sum, 1.0) || (sum == 0.0 && close(c.shed, 1.0)), "sum {} shed {}", sum, c.shed);
             }
-            for (c, input) in p.channels.iter().zip({ let mut v = g.channels.clone(); v.sort_by(|a, b| a.id.cmp(&b.id)); v }) {
+            let sorted = { let mut v = g.channels.clone(); v.sort_by(|a, b| a.id.cmp(&b.id)); v };
+            for (c, input) in p.channels.iter().zip(&sorted) {
                 prop_assert!(c.planned_rps <= input.capacity_rps * cfg.capacity_headroom + 1e-6,
                     "{} planned {} cap {}", c.id, c.planned_rps, input.capacity_rps);
-                if input.state == StateKind::Drained {
-                    prop_assert!(c.planned_rps == 0.0);
+            }
+            // A drained channel only carries what healthy capacity could not
+            // (SPEC §5a overflow): while it carries anything, every healthy
+            // channel is full. (Without a budget, which may move load later.)
+            let overflow = p.channels.iter().zip(&sorted)
+                .any(|(c, i)| i.state == StateKind::Drained && c.planned_rps > 1e-9);
+            if overflow && g.budget_per_hour.is_none() {
+                for (c, input) in p.channels.iter().zip(&sorted) {
+                    if input.state == StateKind::Healthy {
+                        prop_assert!(c.planned_rps >= c.cap_rps - 1e-6,
+                            "{} has room ({} of {}) while a drained channel carries load", c.id, c.planned_rps, c.cap_rps);
+                    }
                 }
             }
             let mut shuffled = g.clone();

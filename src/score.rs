@@ -7,7 +7,7 @@
 //! *why* a channel was judged as it was.
 
 use crate::config::{SignalPolicies, SignalPolicy};
-use crate::signals::{SignalKind, Signals, SIGNAL_COUNT};
+use crate::signals::{Measurement, SignalKind, Signals, SIGNAL_COUNT};
 
 /// A score and how it came about.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -69,7 +69,7 @@ pub fn score(signals: &Signals, policy: &SignalPolicies) -> Score {
     for kind in SignalKind::ALL {
         if let Some(m) = signals.get(kind) {
             let p = kind.policy(policy);
-            let c = p.weight * severity(m.value, p);
+            let c = p.weight * severity(scored_value(kind, &m, policy), p);
             out.contributions[kind as usize] = Some(c);
             total += c;
         }
@@ -78,10 +78,72 @@ pub fn score(signals: &Signals, policy: &SignalPolicies) -> Score {
     out
 }
 
+/// The value a signal is scored at. The failure rate (`bad_outcome_rate`)
+/// carries the weight of a drain on its own, so it is read at its Wilson
+/// lower bound (`bad_outcome_confidence_z`): one unlucky minute of a 2 %
+/// channel (14 bad of 200, 7 %, seen once a day or so) must not drain it,
+/// while 10 % over the same 200 attempts still reads 8 %.
+fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f64 {
+    if kind == SignalKind::BadOutcomeRate {
+        crate::signals::wilson_low(m.value, m.samples, policy.bad_outcome_confidence_z)
+    } else {
+        m.value
+    }
+}
+
+/// The score the signals are still consistent with at `z` standard
+/// deviations: each rate signal at its Wilson lower bound (see
+/// [`crate::signals::wilson_low`]), the others as measured. A channel on
+/// probation relapses only when even this optimistic reading is bad, so a
+/// few unlucky failures among a few dozen attempts do not send a recovered
+/// channel back (SPEC §5a: probation evidence fits the traffic).
+pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
+    bounded(signals, policy, &|k, m| {
+        if k.is_rate() {
+            crate::signals::wilson_low(m.value, m.samples, z)
+        } else {
+            m.value
+        }
+    })
+}
+
+/// The score the signals are still consistent with at `z` standard
+/// deviations, read the other way: the failure rate (`bad_outcome_rate`,
+/// hard failures and bad answers together) at its Wilson upper bound, the
+/// rest as measured. A probation passes only when even this reading is
+/// good, so the evidence a pass needs grows with what the channel shows: a
+/// clean channel passes on about 60 attempts, one still failing 10 % does
+/// not pass on a lucky handful (SPEC §5a: a confidence bound on the failure
+/// rate, not a fixed count). Only the one comprehensive rate is bounded:
+/// bounding every overlapping rate would count the same doubt five times.
+pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
+    bounded(signals, policy, &|k, m| {
+        if k == SignalKind::BadOutcomeRate {
+            crate::signals::wilson_high(m.value, m.samples, z)
+        } else {
+            m.value
+        }
+    })
+}
+
+fn bounded(
+    signals: &Signals,
+    policy: &SignalPolicies,
+    value_of: &dyn Fn(SignalKind, &crate::signals::Measurement) -> f64,
+) -> f64 {
+    let mut total = 0.0;
+    for kind in SignalKind::ALL {
+        if let Some(m) = signals.get(kind) {
+            let p = kind.policy(policy);
+            total += p.weight * severity(value_of(kind, &m), p);
+        }
+    }
+    total.clamp(0.0, 1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signals::Measurement;
     use proptest::prelude::*;
 
     fn with(kind: SignalKind, value: f64) -> Signals {
@@ -113,6 +175,33 @@ mod tests {
         assert_eq!(severity(600.0, &down), 0.0);
         assert_eq!(severity(325.0, &down), 0.5);
         assert_eq!(severity(128.0, &down), 1.0);
+    }
+
+    #[test]
+    fn the_optimistic_score_forgives_small_samples_not_large_ones() {
+        let p = SignalPolicies::default();
+        let at = |value: f64, samples: u32| {
+            let mut s = Signals::default();
+            s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement { value, samples });
+            s
+        };
+        // 4 bad of 80 (5 %): the point estimate counts it, the bounds do not
+        // (the score itself reads the failure rate at z = 1).
+        let point = SignalPolicies {
+            bad_outcome_confidence_z: 0.0,
+            ..SignalPolicies::default()
+        };
+        assert!(score(&at(0.05, 80), &point).value > 0.2);
+        assert!(score(&at(0.05, 80), &p).value < 0.01);
+        assert_eq!(optimistic(&at(0.05, 80), &p, 1.645), 0.0);
+        // 10 % over 200 attempts (a minute of a free channel) still reads
+        // as AT_RISK on its own.
+        assert!(score(&at(0.10, 200), &p).value >= 0.45);
+        // 12 % over 2 000 attempts is bad whichever way it is read.
+        assert!(optimistic(&at(0.12, 2000), &p, 1.645) >= 0.65);
+        // z = 0 is the point estimate.
+        let s = at(0.07, 300);
+        assert!((optimistic(&s, &point, 0.0) - score(&s, &point).value).abs() < 1e-9);
     }
 
     #[test]

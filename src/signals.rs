@@ -22,6 +22,7 @@ pub enum SignalKind {
     ErrorRate,
     LongErrorRate,
     RecentFailureRate,
+    BadOutcomeRate,
     RateLimitedRate,
     RetryRate,
     TruncationRate,
@@ -32,7 +33,7 @@ pub enum SignalKind {
     ShortOutputShare,
 }
 
-pub const SIGNAL_COUNT: usize = 16;
+pub const SIGNAL_COUNT: usize = 17;
 
 impl SignalKind {
     pub const ALL: [SignalKind; SIGNAL_COUNT] = [
@@ -44,6 +45,7 @@ impl SignalKind {
         SignalKind::ErrorRate,
         SignalKind::LongErrorRate,
         SignalKind::RecentFailureRate,
+        SignalKind::BadOutcomeRate,
         SignalKind::RateLimitedRate,
         SignalKind::RetryRate,
         SignalKind::TruncationRate,
@@ -65,6 +67,7 @@ impl SignalKind {
             SignalKind::ErrorRate => "error_rate",
             SignalKind::LongErrorRate => "long_error_rate",
             SignalKind::RecentFailureRate => "recent_failure_rate",
+            SignalKind::BadOutcomeRate => "bad_outcome_rate",
             SignalKind::RateLimitedRate => "rate_limited_rate",
             SignalKind::RetryRate => "retry_rate",
             SignalKind::TruncationRate => "truncation_rate",
@@ -76,9 +79,60 @@ impl SignalKind {
         }
     }
 
+    /// Whether the signal is a share of attempts (a binomial proportion, for
+    /// which [`wilson_low`] gives a confidence bound); the others are
+    /// quantiles and ratios of quantiles.
+    pub fn is_rate(self) -> bool {
+        matches!(
+            self,
+            SignalKind::SlowRatio
+                | SignalKind::ErrorRate
+                | SignalKind::LongErrorRate
+                | SignalKind::RecentFailureRate
+                | SignalKind::BadOutcomeRate
+                | SignalKind::RateLimitedRate
+                | SignalKind::RetryRate
+                | SignalKind::TruncationRate
+                | SignalKind::SchemaInvalidRate
+                | SignalKind::GarbledRate
+                | SignalKind::ShortOutputShare
+        )
+    }
+
     pub fn policy(self, p: &SignalPolicies) -> &SignalPolicy {
         p.entries()[self as usize].1
     }
+}
+
+/// The Wilson score interval's lower bound for a share `p` observed over
+/// `n` trials, at `z` standard deviations (one-sided): the smallest true
+/// rate the observation is still consistent with. Four failures in 80 look
+/// like 5 %, but the channel may well be at its usual 2 %.
+pub fn wilson_low(p: f64, n: u32, z: f64) -> f64 {
+    wilson(p, n, z).0
+}
+
+/// The Wilson interval's upper bound: the largest true rate the
+/// observation is still consistent with (none in 60 attempts still allows
+/// 4 % at z = 1.645).
+pub fn wilson_high(p: f64, n: u32, z: f64) -> f64 {
+    wilson(p, n, z).1
+}
+
+fn wilson(p: f64, n: u32, z: f64) -> (f64, f64) {
+    if n == 0 || !p.is_finite() {
+        return (0.0, 1.0);
+    }
+    let n = n as f64;
+    let p = p.clamp(0.0, 1.0);
+    let z2 = z * z;
+    let centre = p + z2 / (2.0 * n);
+    let spread = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    let d = 1.0 + z2 / n;
+    (
+        ((centre - spread) / d).max(0.0),
+        ((centre + spread) / d).min(1.0),
+    )
 }
 
 /// One measured value and the samples behind it.
@@ -228,6 +282,19 @@ pub fn measure(
             (
                 ratio(c.long_errors as f64, c.long_requests),
                 c.long_requests,
+            )
+        }),
+    );
+    // SPEC §5a: a bad answer is a failed request. Hard failures and bad
+    // answers over the outcomes that say something about the channel.
+    set(
+        &mut out,
+        SignalKind::BadOutcomeRate,
+        counter_signal(SignalKind::BadOutcomeRate, false, &|c| {
+            let judged = c.hard_failures + c.successes;
+            (
+                ratio((c.hard_failures + c.bad_answers) as f64, judged),
+                judged,
             )
         }),
     );

@@ -62,6 +62,10 @@ pub struct Counters {
     pub garbled: u32,
     /// Successes with fewer than `engine.short_output_tokens` output tokens.
     pub short_outputs: u32,
+    /// Successes whose answer is bad (SPEC §5a: truncated, garbled,
+    /// schema-invalid, or a real request's short/empty output): failures
+    /// with HTTP 200. See [`is_bad_answer`].
+    pub bad_answers: u32,
     /// Long-input attempts and their errors.
     pub long_requests: u32,
     pub long_errors: u32,
@@ -86,6 +90,7 @@ impl Counters {
         self.schema_invalid += o.schema_invalid;
         self.garbled += o.garbled;
         self.short_outputs += o.short_outputs;
+        self.bad_answers += o.bad_answers;
         self.long_requests += o.long_requests;
         self.long_errors += o.long_errors;
         self.tokens += o.tokens;
@@ -333,6 +338,7 @@ impl SliceRing {
             }
             c.garbled += (ev.replacement_chars > 0) as u32;
             c.short_outputs += (ev.output_tokens < short_output_tokens) as u32;
+            c.bad_answers += is_bad_answer(ev, short_output_tokens) as u32;
         }
         if let Some(q) = ev.quota_remaining {
             if s.quota.is_none_or(|(t, _)| ev.event_time_ms >= t) {
@@ -459,9 +465,25 @@ impl SliceRing {
     }
 }
 
+/// A successful attempt whose answer is no good to the caller (SPEC §5a: "a
+/// bad answer is a failed request"): truncated, garbled (U+FFFD), failing its
+/// schema, or, for real traffic, shorter than `short_output_tokens` (an empty
+/// or cut answer; probes ask fixed short questions, so their length says
+/// nothing). Errors are failures already and are not bad *answers*.
+pub fn is_bad_answer(ev: &RequestEvent<'_>, short_output_tokens: i32) -> bool {
+    ev.error_class == ErrorClass::None
+        && (ev.truncated
+            || ev.replacement_chars > 0
+            || ev.schema_valid == Some(false)
+            || !ev.is_probe && ev.output_tokens < short_output_tokens)
+}
+
 /// The last N outcomes, however far apart in time (SPEC §4, seed 002).
 /// Only outcomes that say something about the channel count: a success or a
-/// hard failure. 429s, client errors and cancellations are left out.
+/// hard failure. 429s, client errors and cancellations are left out. Bad
+/// answers are not recorded here: `bad_outcome_rate` counts them (with the
+/// hard failures) over the time views, and counting them in both would score
+/// a 2 % bad-answer day twice.
 #[derive(Debug, Clone)]
 pub struct OutcomeWindow {
     outcomes: Vec<bool>,

@@ -89,7 +89,7 @@ fn another_config_makes_other_decisions() {
     let (t_base, why_base) = first_drain(&base).unwrap();
     let (t_alt, _) = first_drain(&alt).unwrap();
     assert!(
-        why_base.starts_with("consecutive_failures(n=3)"),
+        why_base.starts_with("consecutive_failures(n=4)"),
         "{why_base}"
     );
     assert!(t_alt > t_base, "a laxer fast path drains later");

@@ -321,6 +321,7 @@ mod tests {
             quota_remaining: None,
             quota_exhausted_in_ms: None,
             tokens_per_request: None,
+            failure_rate: None,
         };
         let input = GroupInput {
             group: "chat".into(),
@@ -330,6 +331,7 @@ mod tests {
             budget_per_hour: None,
             horizon_ms: 3_600_000,
             warm: true,
+            correlated: false,
         };
         plan(&input, &cfg.classes, &cfg.schedule, None, false)
     }

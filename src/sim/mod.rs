@@ -414,6 +414,11 @@ pub(crate) fn answer(
         out.truncated = true;
         tokens *= 0.4;
     }
+    // Drawn only when the profile has empty answers, so scenarios without
+    // them keep their random streams (and reports) unchanged.
+    if b.empty_rate > 0.0 && rng.chance(b.empty_rate) {
+        tokens = rng.range(0.0, 10.0);
+    }
     out.output_tokens = tokens.max(1.0) as i32;
     if rng.chance(b.garbled_rate) {
         out.replacement_chars = 1 + (rng.f64() * 5.0) as i32;
