@@ -259,6 +259,7 @@ mod tests {
             quota_remaining: None,
             quota_exhausted_in_ms: None,
             correlated: false,
+            incident_since_ms: None,
         }
     }
 

@@ -98,6 +98,10 @@ pub struct ChannelHealth {
     /// see `safety`) as this engine saw it at its last tick.
     #[serde(default)]
     pub correlated: bool,
+    /// When the channel's current incident (a drain) began, while it is in
+    /// one: the group writer judges correlation across partitions with it.
+    #[serde(default)]
+    pub incident_since_ms: Option<i64>,
 }
 
 struct ChannelRuntime {
@@ -407,18 +411,16 @@ impl Engine {
                 .iter()
                 .map(|&i| &self.channels[i])
                 .filter(|ch| ch.group_idx == gi)
-                .map(|ch| {
-                    let p = &ch.cfg.policy.states;
-                    let recent_incident = ch
-                        .machine
-                        .incident_since_ms()
-                        .is_some_and(|t| t >= now - window_ms);
-                    PeerHealth {
-                        capacity_rps: ch.cfg.capacity_rps,
-                        bad: recent_incident
-                            || ch.score.is_some_and(|s| s.value >= p.at_risk_enter),
-                        pinned: ch.machine.pin().is_some(),
-                    }
+                .map(|ch| PeerHealth {
+                    capacity_rps: ch.cfg.capacity_rps,
+                    bad: crate::safety::is_bad(
+                        ch.score.map(|s| s.value),
+                        ch.cfg.policy.states.at_risk_enter,
+                        ch.machine.incident_since_ms(),
+                        now,
+                        window_ms,
+                    ),
+                    pinned: ch.machine.pin().is_some(),
                 })
                 .collect();
             let Some(change) = self.safety[gi].update(now, &peers, &self.cfg.safety) else {
@@ -730,6 +732,7 @@ impl Engine {
             quota_remaining: ch.signals.quota_remaining,
             quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
             correlated: self.safety[ch.group_idx].in_panic(),
+            incident_since_ms: ch.machine.incident_since_ms(),
         }
     }
 

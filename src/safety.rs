@@ -39,6 +39,21 @@ pub struct PeerHealth {
     pub pinned: bool,
 }
 
+/// Whether one channel counts as bad for the group rule at tick `now_ms`:
+/// its score at or above its `at_risk_enter`, or an incident (a drain) that
+/// began within `window_ms`. The engine (from its channels) and the group
+/// writer (from health reports) both judge with this.
+pub fn is_bad(
+    score: Option<f64>,
+    at_risk_enter: f64,
+    incident_since_ms: Option<i64>,
+    now_ms: i64,
+    window_ms: i64,
+) -> bool {
+    score.is_some_and(|s| s >= at_risk_enter)
+        || incident_since_ms.is_some_and(|t| t >= now_ms - window_ms)
+}
+
 /// The share of unpinned capacity that is bad, and how many channels are.
 pub fn bad_capacity(peers: &[PeerHealth]) -> (f64, usize) {
     let (mut total, mut bad, mut n) = (0.0, 0.0, 0);

@@ -792,6 +792,11 @@ pub struct Scheduler {
     manual: Vec<bool>,
     /// Demand estimate per group and class (rps), see `plan_group`.
     demand: Vec<[f64; 4]>,
+    /// Per group: the correlated-failure rule (`safety`) judged from the
+    /// health the writer sees, so a group whose channels sit on different
+    /// partitions (no one engine sees them all) is still planned like
+    /// static routing while it fails as a whole.
+    safety: Vec<crate::safety::GroupSafety>,
 }
 
 /// Per tick, a held demand estimate decays by this factor toward what is
@@ -806,6 +811,7 @@ impl Scheduler {
             plans: vec![None; n],
             manual: vec![false; n],
             demand: vec![[0.0; 4]; n],
+            safety: vec![crate::safety::GroupSafety::default(); n],
         }
     }
 
@@ -839,6 +845,30 @@ impl Scheduler {
         warm: bool,
     ) -> (&Plan, bool) {
         let g = &self.cfg.groups[gi];
+        let window_ms = self.cfg.safety.correlation_window_ms;
+        let peers: Vec<crate::safety::PeerHealth> = g
+            .channels
+            .iter()
+            .filter_map(|c| {
+                let h = health.iter().find(|h| h.id == c.id)?;
+                Some(crate::safety::PeerHealth {
+                    capacity_rps: c.capacity_rps,
+                    bad: crate::safety::is_bad(
+                        h.score,
+                        c.policy.states.at_risk_enter,
+                        h.incident_since_ms,
+                        now_ms,
+                        window_ms,
+                    ),
+                    pinned: h.pinned,
+                })
+            })
+            .collect();
+        if warm {
+            self.safety[gi].update(now_ms, &peers, &self.cfg.safety);
+        }
+        let correlated =
+            self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated);
         let prev = self.plans[gi].as_ref();
         let mut demand = [0.0; 4];
         let mut channels = Vec::with_capacity(g.channels.len());
@@ -886,7 +916,7 @@ impl Scheduler {
             budget_per_hour: g.budget_per_hour,
             horizon_ms: self.cfg.engine.quota_horizon_ms,
             warm,
-            correlated: health.iter().any(|h| h.group == g.id && h.correlated),
+            correlated,
         };
         let next = plan(
             &input,
@@ -1092,6 +1122,61 @@ mod tests {
         // A pin still holds.
         g.channels[0].pinned = true;
         assert_eq!(run(&g).weight(Core, "free"), 0.0);
+    }
+
+    #[test]
+    fn the_writer_sees_a_correlated_failure_no_single_engine_saw() {
+        // Two partitions each report one channel, neither flags the group;
+        // both channels were drained seconds ago. The writer's own rule
+        // plans the group like static routing.
+        let cfg = std::sync::Arc::new(crate::config::Config::single_group(
+            "chat",
+            &[
+                ("free-a", crate::config::Tier::Free, 0.0, 50.0),
+                ("paid-a", crate::config::Tier::Paid, 1.0, 50.0),
+            ],
+        ));
+        let report = |id: &str, state: StateKind, incident: Option<i64>| {
+            crate::pipeline::ChannelHealth {
+                id: id.into(),
+                group: "chat".into(),
+                state,
+                weight: if state == StateKind::Drained { 0.0 } else { 1.0 },
+                score: Some(0.2),
+                pinned: false,
+                demand_rps: [1.0, 2.0, 2.0, 0.0],
+                tokens_per_request: Some(800.0),
+                p99_ms: None,
+                error_rate: None,
+                failure_rate: Some(1.0),
+                quota_remaining: None,
+                quota_exhausted_in_ms: None,
+                correlated: false,
+                incident_since_ms: incident,
+            }
+        };
+        let now = 1_000_000;
+        let mut s = Scheduler::new(cfg.clone());
+        let calm = vec![
+            report("free-a", StateKind::Healthy, None),
+            report("paid-a", StateKind::Healthy, None),
+        ];
+        let before = s.plan_group(0, now - 5_000, &calm, true).0.clone();
+        let down = vec![
+            report("free-a", StateKind::Drained, Some(now - 3_000)),
+            report("paid-a", StateKind::Drained, Some(now - 2_000)),
+        ];
+        let (p, _) = s.plan_group(0, now, &down, true);
+        assert!(p.same_routing(&before), "{p:?}");
+        // One channel drained alone is its own fault: it is drained.
+        let mut t = Scheduler::new(cfg);
+        t.plan_group(0, now - 5_000, &calm, true);
+        let one = vec![
+            report("free-a", StateKind::Drained, Some(now - 3_000)),
+            report("paid-a", StateKind::Healthy, None),
+        ];
+        let (p, _) = t.plan_group(0, now, &one, true);
+        assert_eq!(p.weight(TrafficClass::Core, "free-a"), 0.0);
     }
 
     #[test]
