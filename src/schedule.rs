@@ -1136,12 +1136,16 @@ mod tests {
                 ("paid-a", crate::config::Tier::Paid, 1.0, 50.0),
             ],
         ));
-        let report = |id: &str, state: StateKind, incident: Option<i64>| {
-            crate::pipeline::ChannelHealth {
+        let report =
+            |id: &str, state: StateKind, incident: Option<i64>| crate::pipeline::ChannelHealth {
                 id: id.into(),
                 group: "chat".into(),
                 state,
-                weight: if state == StateKind::Drained { 0.0 } else { 1.0 },
+                weight: if state == StateKind::Drained {
+                    0.0
+                } else {
+                    1.0
+                },
                 score: Some(0.2),
                 pinned: false,
                 demand_rps: [1.0, 2.0, 2.0, 0.0],
@@ -1153,8 +1157,7 @@ mod tests {
                 quota_exhausted_in_ms: None,
                 correlated: false,
                 incident_since_ms: incident,
-            }
-        };
+            };
         let now = 1_000_000;
         let mut s = Scheduler::new(cfg.clone());
         let calm = vec![
