@@ -867,7 +867,11 @@ pub struct AlertConfig {
     pub rate_limit_spike: f64,
     /// ... once at least this many attempts are behind the share.
     pub rate_limit_min_samples: u32,
-    /// Quota forecast to run out within this raises a quota alert.
+    /// Quota forecast to run out within this raises a quota alert. Longer
+    /// than `engine.quota_horizon_ms`, where the scheduler starts planning
+    /// the channel down: planned down, the forecast settles near that
+    /// horizon, and an alert set under it would never fire (seen in the
+    /// quota-cliff drill with 30 min).
     pub quota_alert_ms: i64,
 }
 
@@ -880,7 +884,7 @@ impl Default for AlertConfig {
             probe_failures_p1: 6,
             rate_limit_spike: 0.05,
             rate_limit_min_samples: 20,
-            quota_alert_ms: 1_800_000,
+            quota_alert_ms: 4_500_000,
         }
     }
 }
@@ -1090,6 +1094,7 @@ struct RawChannel {
     capacity_rps: f64,
     initial_weight: Option<f64>,
     quota: Option<u64>,
+    quota_period_ms: Option<i64>,
     policy: Option<toml::Table>,
 }
 
@@ -1128,6 +1133,10 @@ struct RawConfig {
     service: ServiceConfig,
 }
 
+/// A channel's quota period unless it says otherwise: a day, the period
+/// free tiers count in (seed 002).
+pub const DEFAULT_QUOTA_PERIOD_MS: i64 = 86_400_000;
+
 /// One upstream route, fully resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelConfig {
@@ -1141,7 +1150,12 @@ pub struct ChannelConfig {
     /// Relative weight while nothing is known (tier default unless set).
     pub initial_weight: f64,
     /// Quota per day if the upstream enforces one (requests), else none.
+    /// Attempts the upstream allows per `quota_period_ms` (seed 002's free
+    /// tier), used when gateways do not report `quota_remaining`.
     pub quota: Option<u64>,
+    /// The quota's period; periods start at multiples of it since the epoch
+    /// (a day: midnight UTC).
+    pub quota_period_ms: i64,
     pub policy: Arc<HealthPolicy>,
 }
 
@@ -1229,6 +1243,16 @@ impl Config {
         let mut v = Issues::default();
         raw.engine.validate(&mut v);
         validate_alerts(&raw.alerts, &mut v);
+        if raw.alerts.quota_alert_ms <= raw.engine.quota_horizon_ms {
+            v.push(
+                "alerts.quota_alert_ms",
+                format!(
+                    "must exceed engine.quota_horizon_ms ({} ms): a channel planned down for \
+                     its quota keeps its forecast near that horizon, so the alert would never fire",
+                    raw.engine.quota_horizon_ms
+                ),
+            );
+        }
         validate_schedule(&raw.schedule, &mut v);
         validate_safety(&raw.safety, &mut v);
         raw.kafka.validate(&mut v);
@@ -1333,6 +1357,9 @@ impl Config {
                     );
                 }
                 v.non_negative(format!("{ck}.price_per_1k_tokens"), c.price_per_1k_tokens);
+                if let Some(ms) = c.quota_period_ms {
+                    v.positive_ms(format!("{ck}.quota_period_ms"), ms);
+                }
                 if !(c.capacity_rps > 0.0 && c.capacity_rps.is_finite()) {
                     v.push(
                         format!("{ck}.capacity_rps"),
@@ -1372,6 +1399,7 @@ impl Config {
                         capacity_rps: c.capacity_rps,
                         initial_weight,
                         quota: c.quota,
+                        quota_period_ms: c.quota_period_ms.unwrap_or(DEFAULT_QUOTA_PERIOD_MS),
                         policy,
                     });
                 }

@@ -124,6 +124,61 @@ struct ChannelRuntime {
     /// Restored state: up to this event time the machine already reflects
     /// what a replay feeds the windows, so it does not step again.
     frozen_until_ms: Option<i64>,
+    /// The configured quota's use in the current period, for gateways that
+    /// do not report `quota_remaining`.
+    quota: QuotaUse,
+}
+
+/// Attempts counted against a channel's configured `quota` per period
+/// (SPEC §4: remaining quota and burn rate → time to exhaustion). Only used
+/// while no gateway reports the upstream's own `quota_remaining`: a report
+/// is the upstream's word and wins.
+#[derive(Debug, Clone, Copy, Default)]
+struct QuotaUse {
+    period_start_ms: i64,
+    used: u64,
+}
+
+impl QuotaUse {
+    fn record(&mut self, t_ms: i64, period_ms: i64) {
+        let start = t_ms.div_euclid(period_ms) * period_ms;
+        if start > self.period_start_ms {
+            *self = QuotaUse {
+                period_start_ms: start,
+                used: 0,
+            };
+        }
+        if start == self.period_start_ms {
+            self.used += 1;
+        }
+    }
+
+    /// (remaining, forecast ms to exhaustion) at `now_ms`, burning at
+    /// `attempts_per_ms`; `None` for the forecast when nothing burns or the
+    /// period ends first (the quota refills then).
+    fn forecast(
+        &self,
+        quota: u64,
+        period_ms: i64,
+        now_ms: i64,
+        attempts_per_ms: f64,
+    ) -> (i64, Option<i64>) {
+        let start = now_ms.div_euclid(period_ms) * period_ms;
+        let used = if start == self.period_start_ms {
+            self.used
+        } else {
+            0
+        };
+        let remaining = quota.saturating_sub(used).min(i64::MAX as u64) as i64;
+        if remaining == 0 {
+            return (0, Some(0));
+        }
+        let period_left_ms = start + period_ms - now_ms;
+        let forecast = (attempts_per_ms > 0.0)
+            .then(|| (remaining as f64 / attempts_per_ms) as i64)
+            .filter(|ms| *ms < period_left_ms);
+        (remaining, forecast)
+    }
 }
 
 impl ChannelRuntime {
@@ -144,6 +199,7 @@ impl ChannelRuntime {
             last_event_ms: None,
             next_baseline_ms: None,
             frozen_until_ms: None,
+            quota: QuotaUse::default(),
         }
     }
 
@@ -274,6 +330,9 @@ impl Engine {
         self.stats.applied += 1;
         let ch = &mut self.channels[idx as usize];
         ch.ring.record(ev);
+        if ch.cfg.quota.is_some() && ev.quota_remaining.is_none() {
+            ch.quota.record(t, ch.cfg.quota_period_ms);
+        }
         ch.last_event_ms = Some(ch.last_event_ms.map_or(t, |l| l.max(t)));
         if ev.error_class == ErrorClass::Cancelled {
             return Ok(());
@@ -384,6 +443,18 @@ impl Engine {
             horizon,
             policy.states.probation_min_samples,
         );
+        if let (Some(quota), None) = (ch.cfg.quota, ch.signals.quota_remaining) {
+            // No upstream report: count against the configured quota, at
+            // the burn of the long view (probes use quota too).
+            let long = ch
+                .ring
+                .counters(now, self.cfg.engine.long_window_ms, i64::MIN / 2);
+            let attempts = (long.real.requests + long.probe.requests) as f64;
+            let rate = attempts / self.cfg.engine.long_window_ms as f64;
+            let (remaining, forecast) = ch.quota.forecast(quota, ch.cfg.quota_period_ms, now, rate);
+            ch.signals.quota_remaining = Some(remaining);
+            ch.signals.quota_exhausted_in_ms = forecast;
+        }
         let sc = score(&ch.signals, &policy.signals);
         let voted = sc.voters() > 0;
         ch.score = voted.then_some(sc);
@@ -1038,6 +1109,45 @@ mod tests {
         assert!(run(Engine::new(cfg.clone())).contains(&"free-a".to_string()));
         // One partition of many: free-a lives elsewhere.
         assert!(run(Engine::for_partition(cfg)).is_empty());
+    }
+
+    #[test]
+    fn a_configured_quota_is_counted_when_gateways_do_not_report_it() {
+        let mut cfg = Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        );
+        cfg.groups[0].channels[0].quota = Some(10_000);
+        cfg.groups[0].channels[0].quota_period_ms = 86_400_000;
+        let mut e = Engine::new(Arc::new(cfg));
+        let mut out = Vec::new();
+        // 10 attempts/s for 5 min, no quota reports: 3 000 used, 7 000
+        // left, 700 s to go at this burn.
+        let mut t = T0;
+        while t < T0 + 300_000 {
+            for ch in ["free-a", "paid-a"] {
+                let mut x = ev(ch, t);
+                x.quota_remaining = None;
+                e.apply(&x, &mut out).unwrap();
+            }
+            t += 100;
+        }
+        e.advance_to(T0 + 300_000, &mut out);
+        let h = e.health(e.channel_index("free-a").unwrap());
+        let left = h.quota_remaining.expect("counted");
+        assert!((6_900..=7_100).contains(&left), "{left}");
+        let ms = h.quota_exhausted_in_ms.expect("forecast");
+        assert!((600_000..=800_000).contains(&ms), "{ms}");
+        assert!(
+            out.iter().any(|a| a.kind == AlertKind::QuotaForecast),
+            "forecast under the alert horizon raises the alert"
+        );
+        // A channel without a quota has no forecast.
+        let paid = e.health(e.channel_index("paid-a").unwrap());
+        assert_eq!(paid.quota_remaining, None);
     }
 
     #[test]

@@ -280,6 +280,38 @@ fn a_group_wide_blip_is_let_back_at_once() {
     correlated("group-blip");
 }
 
+/// Seed 002: a free tier's quota. Planned down ahead of the cliff, the
+/// channel never hits it: no burst of 429s, and the operator is told.
+#[test]
+fn a_quota_running_out_is_planned_down_before_the_cliff() {
+    let reported = load("quota-cliff");
+    // The same upstream, its gateways silent about the quota: Hermes counts
+    // the attempts against the configured quota itself.
+    let mut counted = reported.clone();
+    counted.channels[0].report_quota = false;
+    for sc in [&reported, &counted] {
+        for r in five(sc) {
+            let why = format!(
+                "report_quota={} seed {}",
+                sc.channels[0].report_quota, r.seed
+            );
+            assert!(
+                r.rate_limited_attempts_static > 10_000,
+                "{why}: static weights must hit the cliff"
+            );
+            assert!(
+                r.rate_limited_attempts * 20 <= r.rate_limited_attempts_static,
+                "{why}: {} 429s vs static {}",
+                r.rate_limited_attempts,
+                r.rate_limited_attempts_static
+            );
+            assert!(r.failed_requests <= r.failed_requests_static, "{why}");
+            assert!(raised(&r, "QUOTA_FORECAST") >= 1, "{why}: {:?}", r.alerts);
+            assert!(r.channels.iter().all(|c| c.drains == 0), "{why}");
+        }
+    }
+}
+
 /// Zero drains, no AT_RISK period over 5 minutes.
 fn left_alone(r: &Report) {
     for c in &r.channels {

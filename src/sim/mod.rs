@@ -122,6 +122,8 @@ pub struct RunResult {
     pub channels: Vec<ChannelRun>,
     pub alerts: Vec<AlertEvent>,
     pub requests: u64,
+    /// Attempts answered 429 (the upstream's rate limit or its quota).
+    pub rate_limited: u64,
     /// Requests (not attempts) whose final outcome, after the gateway's
     /// retries, was an error or a bad answer, or that were shed.
     pub failed_requests: u64,
@@ -177,6 +179,8 @@ pub(crate) struct Completed {
     pub(crate) schema_valid: Option<bool>,
     pub(crate) replacement_chars: i32,
     pub(crate) cost: f64,
+    /// What the gateway reports of the upstream's remaining quota.
+    pub(crate) quota_remaining: Option<i64>,
     /// Harmed by an active fault or by overload (attribution, per attempt).
     pub(crate) harmed: bool,
     /// What the user got was bad, whatever the cause: an error, or an answer
@@ -221,7 +225,7 @@ impl Completed {
             replacement_chars: self.replacement_chars,
             is_probe: self.req.probe,
             cost: self.cost,
-            quota_remaining: None,
+            quota_remaining: self.quota_remaining,
             trace_id: None,
         }
     }
@@ -332,6 +336,7 @@ pub(crate) fn answer(
         schema_valid: None,
         replacement_chars: 0,
         cost: 0.0,
+        quota_remaining: None,
         harmed: false,
         failed: false,
     };
@@ -441,6 +446,26 @@ pub(crate) fn answer(
     out
 }
 
+/// The upstream's answer once its quota is used up: 429, at once.
+fn quota_refused(req: &Request, rng: &mut Rng) -> Completed {
+    Completed {
+        req: *req,
+        error: ErrorClass::RateLimited,
+        http_status: 429,
+        latency_ms: rng.range(30.0, 120.0) as i32,
+        ttfb_ms: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        cost: 0.0,
+        quota_remaining: None,
+        harmed: true,
+        failed: true,
+    }
+}
+
 /// Seconds over which a channel's load is averaged (model and `overload_s`).
 pub const LOAD_WINDOW_S: usize = 5;
 
@@ -533,6 +558,8 @@ pub fn run(
     let mut history = vec![[0u32; LOAD_WINDOW_S]; n];
     let mut current_second = 0i64;
     let mut next_probe_s = vec![0.0f64; n];
+    // Per channel: (quota period number, attempts used in it).
+    let mut quota_use = vec![(i64::MIN, 0u64); n];
     for (j, p) in next_probe_s.iter_mut().enumerate() {
         *p = sc.gateway.probe_interval_s * (j as f64 + 1.0) / (n as f64 + 1.0);
     }
@@ -545,13 +572,34 @@ pub fn run(
                     second_counts: &mut [u32],
                     history: &[[u32; LOAD_WINDOW_S]],
                     current_second: i64,
+                    quota_use: &mut [(i64, u64)],
                     result: &mut RunResult| {
         let j = req.channel;
         second_counts[j] += 1;
         let frac = (((t_ms - sc.start_ms) as f64 / 1000.0) - current_second as f64).clamp(0.0, 1.0);
         let load = load_rps(&history[j], second_counts[j], frac);
         let t_s = (t_ms - sc.start_ms) as f64 / 1000.0;
-        let done = answer(&sc.channels[j], &bases[j], &req, t_s, load, faults_on, rng);
+        let c = &sc.channels[j];
+        let done = match c.quota {
+            Some(quota) => {
+                let period = (t_ms as f64 / 1000.0 / c.quota_period_s).floor() as i64;
+                if quota_use[j].0 != period {
+                    quota_use[j] = (period, 0);
+                }
+                let mut done = if quota_use[j].1 >= quota {
+                    quota_refused(&req, rng)
+                } else {
+                    quota_use[j].1 += 1;
+                    answer(c, &bases[j], &req, t_s, load, faults_on, rng)
+                };
+                if c.report_quota {
+                    done.quota_remaining = Some(quota.saturating_sub(quota_use[j].1) as i64);
+                }
+                done
+            }
+            None => answer(c, &bases[j], &req, t_s, load, faults_on, rng),
+        };
+        result.rate_limited += (done.error == ErrorClass::RateLimited) as u64;
 
         if !req.probe {
             result.channels[j].served += 1;
@@ -611,6 +659,7 @@ pub fn run(
                             &mut second_counts,
                             &history,
                             current_second,
+                            &mut quota_use,
                             &mut result,
                         );
                     } else {
@@ -734,6 +783,7 @@ pub fn run(
                         &mut second_counts,
                         &history,
                         current_second,
+                        &mut quota_use,
                         &mut result,
                     );
                 }
@@ -775,6 +825,7 @@ pub fn run(
                             &mut second_counts,
                             &history,
                             current_second,
+                            &mut quota_use,
                             &mut result,
                         );
                     }

@@ -69,6 +69,9 @@ pub struct Report {
     pub shed: u64,
     pub retries: u64,
     pub retries_static: u64,
+    /// Attempts answered 429 (rate limit or quota), and with static weights.
+    pub rate_limited_attempts: u64,
+    pub rate_limited_attempts_static: u64,
     pub harmed_attempts: u64,
     pub harmed_attempts_static: u64,
     pub spend: f64,
@@ -222,6 +225,8 @@ pub fn build(
         shed: hermes.shed,
         retries: hermes.retries,
         retries_static: static_run.retries,
+        rate_limited_attempts: hermes.rate_limited,
+        rate_limited_attempts_static: static_run.rate_limited,
         harmed_attempts: hermes.channels.iter().map(|c| c.bad).sum(),
         harmed_attempts_static: static_run.channels.iter().map(|c| c.bad).sum(),
         spend: round2(hermes.spend),

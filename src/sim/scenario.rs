@@ -34,6 +34,13 @@ pub struct Scenario {
     pub config: toml::Table,
 }
 
+fn default_quota_period_s() -> f64 {
+    86_400.0
+}
+fn default_true() -> bool {
+    true
+}
+
 fn default_seed() -> u64 {
     1
 }
@@ -82,6 +89,16 @@ pub struct SimChannel {
     pub capacity_rps: f64,
     /// Capacity Hermes is told about (defaults to the real one).
     pub declared_capacity_rps: Option<f64>,
+    /// Attempts the upstream allows per `quota_period_s` (probes included);
+    /// past it every attempt gets 429 until the period ends (seed 002's
+    /// free tier). Written into the Hermes config as the channel's `quota`.
+    pub quota: Option<u64>,
+    #[serde(default = "default_quota_period_s")]
+    pub quota_period_s: f64,
+    /// Whether the gateways report the upstream's remaining quota on each
+    /// event (`quota_remaining`); without it Hermes counts against `quota`.
+    #[serde(default = "default_true")]
+    pub report_quota: bool,
     #[serde(default)]
     pub normal: Profile,
     #[serde(default)]
@@ -375,6 +392,13 @@ impl Scenario {
                     "capacity_rps".into(),
                     c.declared_capacity_rps.unwrap_or(c.capacity_rps).into(),
                 );
+                if let Some(q) = c.quota {
+                    t.insert("quota".into(), (q.min(i64::MAX as u64) as i64).into());
+                    t.insert(
+                        "quota_period_ms".into(),
+                        ((c.quota_period_s * 1000.0) as i64).into(),
+                    );
+                }
                 toml::Value::Table(t)
             })
             .collect();
