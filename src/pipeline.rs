@@ -104,6 +104,34 @@ pub struct ChannelHealth {
     pub incident_since_ms: Option<i64>,
 }
 
+#[cfg(test)]
+impl ChannelHealth {
+    /// A channel in `state` with an unremarkable report (tests).
+    pub fn fixture(id: &str, state: StateKind) -> ChannelHealth {
+        ChannelHealth {
+            id: id.into(),
+            group: "chat".into(),
+            state,
+            weight: if state == StateKind::Drained {
+                0.0
+            } else {
+                1.0
+            },
+            score: Some(0.1),
+            pinned: false,
+            demand_rps: [0.0, 5.0, 0.0, 0.0],
+            tokens_per_request: Some(500.0),
+            p99_ms: Some(900.0),
+            error_rate: Some(0.0),
+            failure_rate: Some(0.0),
+            quota_remaining: None,
+            quota_exhausted_in_ms: None,
+            correlated: false,
+            incident_since_ms: None,
+        }
+    }
+}
+
 struct ChannelRuntime {
     cfg: ChannelConfig,
     /// Position of the channel's group in the config (`Engine::safety`).

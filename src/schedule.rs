@@ -1138,25 +1138,11 @@ mod tests {
         ));
         let report =
             |id: &str, state: StateKind, incident: Option<i64>| crate::pipeline::ChannelHealth {
-                id: id.into(),
-                group: "chat".into(),
-                state,
-                weight: if state == StateKind::Drained {
-                    0.0
-                } else {
-                    1.0
-                },
                 score: Some(0.2),
-                pinned: false,
                 demand_rps: [1.0, 2.0, 2.0, 0.0],
-                tokens_per_request: Some(800.0),
-                p99_ms: None,
-                error_rate: None,
                 failure_rate: Some(1.0),
-                quota_remaining: None,
-                quota_exhausted_in_ms: None,
-                correlated: false,
                 incident_since_ms: incident,
+                ..crate::pipeline::ChannelHealth::fixture(id, state)
             };
         let now = 1_000_000;
         let mut s = Scheduler::new(cfg.clone());

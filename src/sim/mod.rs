@@ -189,6 +189,26 @@ pub(crate) struct Completed {
 }
 
 impl Completed {
+    /// An HTTP 200 with nothing measured yet; `answer` fills it in.
+    fn ok(req: &Request, input_tokens: i32) -> Completed {
+        Completed {
+            req: *req,
+            error: ErrorClass::None,
+            http_status: 200,
+            latency_ms: 0,
+            ttfb_ms: None,
+            input_tokens,
+            output_tokens: 0,
+            truncated: false,
+            schema_valid: None,
+            replacement_chars: 0,
+            cost: 0.0,
+            quota_remaining: None,
+            harmed: false,
+            failed: false,
+        }
+    }
+
     /// The request event a gateway emits for this attempt.
     pub(crate) fn event<'a>(
         &self,
@@ -324,22 +344,7 @@ pub(crate) fn answer(
     } else {
         rng.range(200.0, 2_000.0) as i32
     };
-    let mut out = Completed {
-        req: *req,
-        error: ErrorClass::None,
-        http_status: 200,
-        latency_ms: 0,
-        ttfb_ms: None,
-        input_tokens,
-        output_tokens: 0,
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        cost: 0.0,
-        quota_remaining: None,
-        harmed: false,
-        failed: false,
-    };
+    let mut out = Completed::ok(req, input_tokens);
     let overload = (load_rps / c.capacity_rps).max(1.0);
     let fail = |out: &mut Completed, e: ErrorClass, status: i32, latency: f64| {
         out.error = e;
@@ -449,20 +454,12 @@ pub(crate) fn answer(
 /// The upstream's answer once its quota is used up: 429, at once.
 fn quota_refused(req: &Request, rng: &mut Rng) -> Completed {
     Completed {
-        req: *req,
         error: ErrorClass::RateLimited,
         http_status: 429,
         latency_ms: rng.range(30.0, 120.0) as i32,
-        ttfb_ms: None,
-        input_tokens: 0,
-        output_tokens: 0,
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        cost: 0.0,
-        quota_remaining: None,
         harmed: true,
         failed: true,
+        ..Completed::ok(req, 0)
     }
 }
 
