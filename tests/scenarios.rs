@@ -190,6 +190,17 @@ fn hard_down_drains_on_the_nth_failure_and_comes_back() {
 }
 
 #[test]
+fn a_sparse_channel_recovers_within_fifteen_minutes() {
+    // SPEC §5a: recovery fits the traffic. About 0.5 rps reach free-a; its
+    // probation rests on that and its probes.
+    let sc = load("sparse-hard-down");
+    for r in five(&sc) {
+        across_all(&r, 900.0);
+        assert_eq!(first_faulty(&r).drains, 1, "seed {}", r.seed);
+    }
+}
+
+#[test]
 fn retry_storm_is_detected_and_raises_a_429_alert() {
     let sc = load("retry-storm-429");
     for r in five(&sc) {
