@@ -74,6 +74,9 @@ enum RebalanceEvent {
 struct Shared {
     /// Positions of the partitions held when they were last revoked.
     positions: HashMap<i32, i64>,
+    /// Per partition: the high watermark of the last fetch response, from
+    /// librdkafka's statistics, and when it was reported.
+    high_watermarks: HashMap<i32, (i64, Instant)>,
     events: Vec<RebalanceEvent>,
 }
 
@@ -91,9 +94,14 @@ impl ClientContext for RequestContext {
     /// round trip on the loop).
     fn stats(&self, stats: rdkafka::Statistics) {
         if let Some(t) = stats.topics.get(&self.topic) {
+            let now = Instant::now();
+            let mut shared = lock(&self.shared);
             for (p, part) in &t.partitions {
                 if *p >= 0 && part.consumer_lag >= 0 {
                     self.metrics.set_lag(*p, part.consumer_lag);
+                }
+                if *p >= 0 && part.hi_offset >= 0 {
+                    shared.high_watermarks.insert(*p, (part.hi_offset, now));
                 }
             }
         }
@@ -281,6 +289,9 @@ struct Partition {
     /// that answers offsets-for-times too early costs time, not results).
     replay_floor_ms: i64,
     last_record: Instant,
+    /// When `advance_idle` last asked the broker whether this partition is
+    /// really idle (at most once per `idle_advance_ms`).
+    last_idle_check: Instant,
     evaluations: u64,
     saved: ahash::AHashMap<String, StateMachine>,
     active: bool,
@@ -356,7 +367,7 @@ impl RequestLoop {
             // engines, only moved ones are revoked and rebuilt.
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("client.id", &instance)
-            .set("statistics.interval.ms", "5000")
+            .set("statistics.interval.ms", "1000")
             .create_with_context(ctx)
             .context("creating the request consumer")?;
         consumer
@@ -601,6 +612,7 @@ impl LoopState {
                                 next_offset: a.start,
                                 replay_floor_ms,
                                 last_record: Instant::now(),
+                                last_idle_check: Instant::now(),
                                 evaluations: 0,
                                 saved: restored,
                                 active: true,
@@ -737,17 +749,54 @@ impl LoopState {
 
     /// Idle partitions move event time with the wall clock (minus the allowed
     /// lateness), so cool-downs and silence alarms still run.
+    /// Event time moves on for partitions that are really idle: nothing came
+    /// for `idle_advance_ms` *and* librdkafka's latest fetch report, made
+    /// after the last record, shows nothing past what was read. A poll that
+    /// returns nothing only says the fetch is slow (a loaded broker):
+    /// advancing then would make the backlog, stamped earlier, arrive too
+    /// late and be dropped. No report (a broker that does not answer) is no
+    /// proof of idleness either: the partition waits. The report comes from
+    /// the statistics callback (`statistics.interval.ms`), so the check asks
+    /// the broker nothing.
     fn advance_idle(&mut self) {
         let idle = Duration::from_millis(self.cfg.service.idle_advance_ms as u64);
         let to = crate::client::wall_ms() - self.cfg.engine.allowed_lateness_ms;
-        let ps: Vec<i32> = self
+        let candidates: Vec<i32> = self
             .partitions
             .iter()
             .filter(|(_, part)| {
-                part.active && part.caught_up() && part.last_record.elapsed() >= idle
+                part.active
+                    && part.caught_up()
+                    && part.last_record.elapsed() >= idle
+                    && part.last_idle_check.elapsed() >= idle
             })
             .map(|(p, _)| *p)
             .collect();
+        let known = lock(&self.shared).high_watermarks.clone();
+        let mut ps = Vec::new();
+        for p in candidates {
+            let Some(part) = self.partitions.get_mut(&p) else {
+                continue;
+            };
+            part.last_idle_check = Instant::now();
+            match known.get(&p) {
+                // Reported since the last record came, and nothing past it.
+                Some((high, at)) if *at > part.last_record && *high <= part.next_offset => {
+                    ps.push(p)
+                }
+                Some((high, _)) => {
+                    tracing::debug!(
+                        partition = p,
+                        high,
+                        next = part.next_offset,
+                        "not idle yet: event time waits"
+                    );
+                }
+                None => {
+                    tracing::debug!(partition = p, "no fetch report yet: event time waits");
+                }
+            }
+        }
         for p in ps {
             if let Some(part) = self.partitions.get_mut(&p) {
                 if part.engine.watermark_ms().is_none() {
