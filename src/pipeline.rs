@@ -505,24 +505,24 @@ impl Engine {
     /// channels the common cause drained are let back and one P1 is raised.
     fn judge_groups(&mut self, now: i64, due: &[usize], out: &mut Vec<AlertEvent>) {
         let window_ms = self.cfg.safety.correlation_window_ms;
-        for gi in 0..self.safety.len() {
-            let peers: Vec<PeerHealth> = due
-                .iter()
-                .map(|&i| &self.channels[i])
-                .filter(|ch| ch.group_idx == gi)
-                .map(|ch| PeerHealth {
-                    capacity_rps: ch.cfg.capacity_rps,
-                    bad: crate::safety::is_bad(
-                        ch.score.map(|s| s.value),
-                        ch.cfg.policy.states.at_risk_enter,
-                        ch.machine.incident_since_ms(),
-                        now,
-                        window_ms,
-                    ),
-                    pinned: ch.machine.pin().is_some(),
-                })
-                .collect();
-            let Some(change) = self.safety[gi].update(now, &peers, &self.cfg.safety) else {
+        // One pass over the evaluated channels, grouped (not one per group).
+        let mut peers: Vec<Vec<PeerHealth>> = vec![Vec::new(); self.safety.len()];
+        for &i in due {
+            let ch = &self.channels[i];
+            peers[ch.group_idx].push(PeerHealth {
+                capacity_rps: ch.cfg.capacity_rps,
+                bad: crate::safety::is_bad(
+                    ch.score.map(|s| s.value),
+                    ch.cfg.policy.states.at_risk_enter,
+                    ch.machine.incident_since_ms(),
+                    now,
+                    window_ms,
+                ),
+                pinned: ch.machine.pin().is_some(),
+            });
+        }
+        for (gi, peers) in peers.iter().enumerate() {
+            let Some(change) = self.safety[gi].update(now, peers, &self.cfg.safety) else {
                 continue;
             };
             let group = self.cfg.groups[gi].id.clone();
