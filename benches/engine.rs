@@ -89,6 +89,7 @@ fn records() -> Vec<Vec<u8>> {
                 cost: 0.001,
                 quota_remaining: None,
                 trace_id: Some("t"),
+                dispatch: hermes::event::Dispatch::Sent,
             };
             let mut out = Vec::new();
             enc.encode_plain(&ev, &mut out).expect("encode");
@@ -125,6 +126,7 @@ struct OwnedEvent {
     cost: f64,
     quota_remaining: Option<i64>,
     trace_id: Option<String>,
+    dispatch: Sym,
 }
 
 #[derive(serde::Deserialize)]
@@ -224,6 +226,7 @@ fn bench_schedule(c: &mut Criterion) {
         horizon_ms: 3_600_000,
         warm: true,
         correlated: false,
+        spend_calibration: 1.0,
     };
     let classes = ClassPolicies::default();
     let cfg = ScheduleConfig::default();

@@ -78,9 +78,9 @@ fn main() {
         return;
     }
     println!(
-        "| drill | seed | failed (Hermes) | failed (static) | ratio | shed | detect_s | drain_s | recover_s | flaps | retrips | drains | false drains | overload_s | spend / budget |"
+        "| drill | seed | failed (Hermes) | failed (static) | ratio | shed | detect_s | drain_s | recover_s | flaps | retrips | drains | false drains | overload_s | spend (budget) | peak hour / budget per hour |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let o = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.0}"));
     for r in &reports {
         let faulty: Vec<_> = r.channels.iter().filter(|c| c.faulty).collect();
@@ -96,7 +96,7 @@ fn main() {
             "-".into()
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.scenario,
             r.seed,
             r.failed_requests,
@@ -112,8 +112,12 @@ fn main() {
             r.channels.iter().filter(|c| c.false_drain).count(),
             r.overload_s,
             match r.budget {
-                Some(b) => format!("{:.0} / {b:.0}", r.spend),
+                Some(b) => format!("{:.0} ({b:.0})", r.spend),
                 None => format!("{:.0}", r.spend),
+            },
+            match r.budget_per_hour {
+                Some(b) => format!("{:.0} / {b:.0}", r.peak_hour_spend),
+                None => "-".into(),
             }
         );
     }

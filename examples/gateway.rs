@@ -1,15 +1,29 @@
 //! An example gateway loop: reads a route group's weights from Redis with
-//! `hermes::client::WeightClient` and routes simulated requests by them.
+//! `hermes::client::WeightClient`, routes simulated requests by them, and
+//! reports the requests it does not send.
 //!
 //! ```sh
-//! cargo run --example gateway -- redis://127.0.0.1:6379/ chat 10
+//! cargo run --example gateway -- redis://127.0.0.1:6379/ chat 10 [BROKERS [TOPIC]]
 //! ```
-//! Arguments: Redis URL, route group, seconds to run (default 10). Each second
-//! it prints the snapshot version and age and where 1 000 requests per class
-//! would go. With Redis unreachable it keeps routing by the last snapshot.
+//! Arguments: Redis URL, route group, seconds to run (default 10), and
+//! optionally Kafka bootstrap servers and the request topic (default
+//! `hermes.requests`). Each second it prints the snapshot version and age and
+//! where 1 000 requests per class would go. A request the snapshot sheds (or
+//! that has no channel) is not sent, but reported: an Avro request event with
+//! `dispatch` = SHED or NO_CHANNEL, keyed by the channel the weights would
+//! have picked (`RoutingTable::unsent_channel`), so Hermes measures demand
+//! instead of inferring it from what was served. With brokers given those
+//! events are produced; without, they are only counted. With Redis
+//! unreachable it keeps routing by the last snapshot.
+//!
+//! A real gateway emits one event per attempt it makes as well; this example
+//! makes no upstream calls, so it has none to report.
 
 use hermes::client::{ClientOptions, Pick, WeightClient};
-use hermes::event::TrafficClass;
+use hermes::codec::Encoder;
+use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -24,6 +38,41 @@ impl Rng {
     }
 }
 
+/// The event for a request the gateway did not send.
+fn unsent<'a>(
+    id: &'a str,
+    channel: &'a str,
+    group: &'a str,
+    class: TrafficClass,
+    how: Dispatch,
+) -> RequestEvent<'a> {
+    RequestEvent {
+        event_id: id,
+        event_time_ms: hermes::client::wall_ms(),
+        gateway_id: "example-gw",
+        channel_id: channel,
+        route_group: group,
+        model: "",
+        traffic_class: class,
+        attempt: 0,
+        http_status: 0,
+        error_class: ErrorClass::None,
+        latency_ms: 0,
+        ttfb_ms: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        finish_reason: FinishReason::Unknown,
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        is_probe: false,
+        cost: 0.0,
+        quota_remaining: None,
+        trace_id: None,
+        dispatch: how,
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -32,9 +81,22 @@ async fn main() -> anyhow::Result<()> {
         .map_or("redis://127.0.0.1:6379/", |s| s.as_str());
     let group = args.get(2).map_or("chat", |s| s.as_str());
     let seconds: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let producer: Option<FutureProducer> = match args.get(4) {
+        Some(brokers) => Some(
+            ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("linger.ms", "20")
+                .create()?,
+        ),
+        None => None,
+    };
+    let topic = args.get(5).map_or("hermes.requests", |s| s.as_str());
     let client =
         WeightClient::start(url, group, ClientOptions::default()).map_err(anyhow::Error::msg)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut encoder = Encoder::default();
+    let mut buf = Vec::new();
+    let (mut reported, mut seq) = (0u64, 0u64);
     for _ in 0..seconds {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let status = client.status();
@@ -49,15 +111,40 @@ async fn main() -> anyhow::Result<()> {
         for class in TrafficClass::ALL {
             let mut counts: BTreeMap<String, u32> = BTreeMap::new();
             for _ in 0..1000 {
-                let key = match table.pick(*class, rng.f64(), rng.f64(), rng.f64()) {
-                    Pick::Channel(c) => c.to_string(),
-                    Pick::Shed => "(shed)".to_string(),
-                    Pick::NoRoute => "(no route)".to_string(),
+                let (u1, u2) = (rng.f64(), rng.f64());
+                let (key, how) = match table.pick(*class, rng.f64(), u1, u2) {
+                    Pick::Channel(c) => (c.to_string(), None),
+                    Pick::Shed => ("(shed)".to_string(), Some(Dispatch::Shed)),
+                    Pick::NoRoute => ("(no route)".to_string(), Some(Dispatch::NoChannel)),
                 };
                 *counts.entry(key).or_insert(0) += 1;
+                let (Some(how), Some(channel)) = (how, table.unsent_channel(*class, u1, u2)) else {
+                    continue;
+                };
+                seq += 1;
+                let id = format!("example-unsent-{seq}");
+                buf.clear();
+                encoder.encode_plain(&unsent(&id, channel, group, *class, how), &mut buf)?;
+                reported += 1;
+                if let Some(p) = &producer {
+                    // Fire and forget: a lost demand report only blurs an
+                    // estimate; the queue bounds what waits.
+                    let _ = p.send_result(FutureRecord::to(topic).key(channel).payload(&buf));
+                }
             }
             println!("  {:<12} {:?}", class.as_str(), counts);
         }
+        println!(
+            "  unsent requests reported so far: {reported}{}",
+            if producer.is_some() {
+                ""
+            } else {
+                " (not produced: no brokers given)"
+            }
+        );
+    }
+    if let Some(p) = producer {
+        p.flush(Duration::from_secs(5))?;
     }
     Ok(())
 }

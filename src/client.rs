@@ -110,8 +110,25 @@ impl RoutingTable {
         }
     }
 
+    /// The channel to name in the event a gateway emits for a request of
+    /// `class` it did not send (`dispatch` SHED or NO_CHANNEL, see
+    /// `schemas/request_event.avsc`): the class's weighted pick ignoring the
+    /// shed share, or, when no channel has weight, one of the snapshot's
+    /// channels picked uniformly by `u1`. `None` only for a snapshot with no
+    /// channel at all.
+    pub fn unsent_channel(&self, class: TrafficClass, u1: f64, u2: f64) -> Option<&str> {
+        if let Some(t) = &self.classes[class.index()] {
+            return Some(t.sample(u1, u2));
+        }
+        let n = self.snapshot.channels.len();
+        let i = ((u1 * n as f64) as usize).min(n.checked_sub(1)?);
+        self.snapshot.channels.keys().nth(i).map(String::as_str)
+    }
+
     /// Picks a channel for a request of `class`, from three uniform numbers
     /// in [0, 1) supplied by the caller (its own RNG: this type holds none).
+    /// A gateway reports what it does not send (`Shed`, `NoRoute`) with
+    /// [`RoutingTable::unsent_channel`], so Hermes measures demand.
     pub fn pick(&self, class: TrafficClass, u_shed: f64, u1: f64, u2: f64) -> Pick<'_> {
         if u_shed < self.shed[class.index()] {
             return Pick::Shed;
@@ -354,6 +371,39 @@ mod tests {
         assert!((counts["c"] as f64 / total - 0.3).abs() < 0.01);
         assert!(!counts.contains_key("d"), "zero weight is never picked");
         assert!(AliasTable::new(&[("x".into(), 0.0)]).is_none());
+    }
+
+    #[test]
+    fn an_unsent_request_names_a_channel_of_its_group() {
+        let json = r#"{"group":"chat","version":3,"epoch":1,"computed_at_ms":1,"heartbeat_ms":1,
+            "manual":false,"projected_spend_per_hour":0.0,
+            "classes":{"CORE":{"weights":{"paid-a":1.0},"shed":0.5},
+                       "BATCH":{"weights":{"paid-a":0.0,"free-a":0.0},"shed":1.0}},
+            "channels":{"free-a":{"state":"DRAINED","score":0.9,"reason":"drained","planned_rps":0.0},
+                        "paid-a":{"state":"HEALTHY","score":0.1,"reason":"healthy","planned_rps":5.0}}}"#;
+        let t = RoutingTable::new(serde_json::from_str(json).unwrap());
+        assert_eq!(t.pick(TrafficClass::Core, 0.1, 0.5, 0.5), Pick::Shed);
+        assert_eq!(
+            t.unsent_channel(TrafficClass::Core, 0.9, 0.9),
+            Some("paid-a")
+        );
+        // No weighted channel: any channel of the snapshot, by u1.
+        assert_eq!(t.pick(TrafficClass::Batch, 0.99, 0.5, 0.5), Pick::Shed);
+        assert_eq!(
+            t.unsent_channel(TrafficClass::Batch, 0.1, 0.0),
+            Some("free-a")
+        );
+        assert_eq!(
+            t.unsent_channel(TrafficClass::Batch, 0.9, 0.0),
+            Some("paid-a")
+        );
+        assert_eq!(
+            t.pick(TrafficClass::Interactive, 0.99, 0.5, 0.5),
+            Pick::NoRoute
+        );
+        assert!(t
+            .unsent_channel(TrafficClass::Interactive, 0.5, 0.5)
+            .is_some());
     }
 
     #[test]

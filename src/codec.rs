@@ -306,6 +306,7 @@ pub(crate) mod tests {
             cost: 0.0042,
             quota_remaining: Some(12_000),
             trace_id: Some("trace-9"),
+            dispatch: Dispatch::Sent,
         }
     }
 
@@ -420,6 +421,23 @@ pub(crate) mod tests {
         assert_eq!(ev.replacement_chars, 0);
         assert_eq!(ev.quota_remaining, None);
         assert_eq!(ev.trace_id, None);
+        assert_eq!(
+            ev.dispatch,
+            Dispatch::Sent,
+            "an older gateway's events are attempts"
+        );
+    }
+
+    #[test]
+    fn an_unsent_request_round_trips() {
+        let mut ev = sample_event();
+        ev.dispatch = Dispatch::Shed;
+        let bytes = plain(&ev);
+        let back = Decoder::new(WireFormat::Plain)
+            .decode(&bytes, &NoRegistry)
+            .unwrap();
+        assert_eq!(back.dispatch, Dispatch::Shed);
+        assert!(!back.was_sent());
     }
 
     /// A newer gateway: two extra fields (one in the middle, one a nested

@@ -962,6 +962,12 @@ pub struct ScheduleConfig {
     /// a request sent there is about as lost as a shed one. The score is no
     /// guide here: it saturates at 1 for a channel that still serves 90 %.
     pub overflow_max_failure_rate: f64,
+    /// A group's budget is planned at `budget × (1 − budget_margin)`, after
+    /// scaling the projection by what the group was measured to spend
+    /// against what was planned (see `schedule::Scheduler`): the budget must
+    /// hold in every hour, so the plan keeps a little room for noise and
+    /// for the lag between a plan and the spend it causes.
+    pub budget_margin: f64,
 }
 
 impl Default for ScheduleConfig {
@@ -972,6 +978,7 @@ impl Default for ScheduleConfig {
             demand_window_ms: 60_000,
             min_weight: 0.001,
             overflow_max_failure_rate: 0.9,
+            budget_margin: 0.03,
         }
     }
 }
@@ -1492,6 +1499,9 @@ fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {
             "schedule.overflow_max_failure_rate",
             "must be within (0, 1]",
         );
+    }
+    if !(0.0..0.5).contains(&s.budget_margin) {
+        v.push("schedule.budget_margin", "must be within [0, 0.5)");
     }
 }
 

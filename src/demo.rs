@@ -17,11 +17,12 @@ use crate::alert::AlertEvent;
 use crate::client::{ClientOptions, Pick, RoutingTable, WeightClient};
 use crate::codec::Encoder;
 use crate::config::Config;
+use crate::event::Dispatch;
 use crate::publish::{InProcessStore, WeightSnapshot};
 use crate::service::metrics::Metrics;
 use crate::service::{Service, Store};
 use crate::sim::scenario::{Behavior, Scenario};
-use crate::sim::{answer, Request, Rng};
+use crate::sim::{answer, unsent_event, Request, Rng};
 use anyhow::{anyhow, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -176,10 +177,35 @@ async fn gateways(
             let n = rng.poisson(tr.rps * 0.1);
             for _ in 0..n {
                 let class = tr.class.class();
-                let channel = match table.pick(class, rng.f64(), rng.f64(), rng.f64()) {
-                    Pick::Channel(id) => sc.channels.iter().position(|c| c.id == id),
-                    _ => None,
+                let (u1, u2) = (rng.f64(), rng.f64());
+                let (channel, unsent) = match table.pick(class, rng.f64(), u1, u2) {
+                    Pick::Channel(id) => (sc.channels.iter().position(|c| c.id == id), None),
+                    Pick::Shed => (None, Some(Dispatch::Shed)),
+                    Pick::NoRoute => (None, Some(Dispatch::NoChannel)),
                 };
+                // A request not sent is reported, so Hermes measures demand.
+                if let (Some(how), Some(key)) = (unsent, table.unsent_channel(class, u1, u2)) {
+                    seq += 1;
+                    let id = format!("demo-unsent-{seq}");
+                    let ev = unsent_event(
+                        &id,
+                        crate::client::wall_ms(),
+                        key,
+                        &sc.gateway.group,
+                        "demo-gw",
+                        class,
+                        0,
+                        how,
+                    );
+                    buf.clear();
+                    if encoder.encode_plain(&ev, &mut buf).is_ok()
+                        && producer
+                            .send_result(FutureRecord::to(&topic).key(key).payload(&buf))
+                            .is_ok()
+                    {
+                        counters.0.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
                 if let Some(channel) = channel {
                     requests.push(Request {
                         class,

@@ -140,6 +140,24 @@ impl ErrorClass {
     }
 }
 
+avro_enum! {
+    /// Whether the gateway sent the request at all. Unsent requests are
+    /// reported so that demand is measured, not inferred from what was
+    /// served (a shed request would otherwise leave no trace).
+    Dispatch, fallback = Sent, {
+        /// An attempt made to `channel_id`.
+        Sent => "SENT",
+        /// Not sent: the snapshot's shed share for the class.
+        Shed => "SHED",
+        /// Not sent: no channel of the class had weight.
+        NoChannel => "NO_CHANNEL",
+    }
+}
+
+fn default_dispatch() -> Dispatch {
+    Dispatch::Sent
+}
+
 fn default_finish_reason() -> FinishReason {
     FinishReason::Unknown
 }
@@ -182,11 +200,20 @@ pub struct RequestEvent<'a> {
     pub quota_remaining: Option<i64>,
     #[serde(default, borrow)]
     pub trace_id: Option<&'a str>,
+    /// `SENT` for an attempt; otherwise the request was not sent and the
+    /// event counts as demand only (see the schema).
+    #[serde(default = "default_dispatch")]
+    pub dispatch: Dispatch,
 }
 
 impl RequestEvent<'_> {
     /// A successful attempt (for consecutive-failure resets).
     pub fn is_success(&self) -> bool {
         self.error_class == ErrorClass::None
+    }
+
+    /// The gateway sent this attempt (it is not a demand-only report).
+    pub fn was_sent(&self) -> bool {
+        self.dispatch == Dispatch::Sent
     }
 }

@@ -68,6 +68,8 @@ pub struct EngineStats {
     pub unknown_channel: u64,
     pub group_mismatch: u64,
     pub evaluations: u64,
+    /// Applied events that reported an unsent request (demand only).
+    pub unsent: u64,
 }
 
 /// A channel's health as the scheduler and the status view read it (and as
@@ -82,10 +84,19 @@ pub struct ChannelHealth {
     /// Latest score; `None` before any signal had enough samples.
     pub score: Option<f64>,
     pub pinned: bool,
-    /// Observed real requests per second, per traffic class (schema order).
+    /// Observed demand per traffic class (schema order), requests per
+    /// second: real attempts made plus requests gateways reported unsent.
     pub demand_rps: [f64; 4],
+    /// The unsent part of `demand_rps` (shed, or no channel). All zero while
+    /// gateways shed nothing, or when they do not report what they shed.
+    #[serde(default)]
+    pub unsent_rps: [f64; 4],
     /// Mean tokens per real request over the demand window.
     pub tokens_per_request: Option<f64>,
+    /// What the channel was measured to cost over the demand window (real
+    /// requests and probes), per hour.
+    #[serde(default)]
+    pub spend_per_hour: f64,
     pub p99_ms: Option<f64>,
     pub error_rate: Option<f64>,
     /// Hard failures and bad answers over judged outcomes (the
@@ -120,7 +131,9 @@ impl ChannelHealth {
             score: Some(0.1),
             pinned: false,
             demand_rps: [0.0, 5.0, 0.0, 0.0],
+            unsent_rps: [0.0; 4],
             tokens_per_request: Some(500.0),
+            spend_per_hour: 0.0,
             p99_ms: Some(900.0),
             error_rate: Some(0.0),
             failure_rate: Some(0.0),
@@ -148,6 +161,8 @@ struct ChannelRuntime {
     score_high: Option<f64>,
     signals: Signals,
     last_event_ms: Option<i64>,
+    /// Latest unsent-request report naming this channel (demand only).
+    last_unsent_ms: Option<i64>,
     next_baseline_ms: Option<i64>,
     /// Restored state: up to this event time the machine already reflects
     /// what a replay feeds the windows, so it does not step again.
@@ -225,6 +240,7 @@ impl ChannelRuntime {
             score_high: None,
             signals: Signals::default(),
             last_event_ms: None,
+            last_unsent_ms: None,
             next_baseline_ms: None,
             frozen_until_ms: None,
             quota: QuotaUse::default(),
@@ -358,6 +374,12 @@ impl Engine {
         self.stats.applied += 1;
         let ch = &mut self.channels[idx as usize];
         ch.ring.record(ev);
+        if !ev.was_sent() {
+            // Demand only: says nothing about the channel's health.
+            self.stats.unsent += 1;
+            ch.last_unsent_ms = Some(ch.last_unsent_ms.map_or(t, |l| l.max(t)));
+            return Ok(());
+        }
         if ch.cfg.quota.is_some() && ev.quota_remaining.is_none() {
             ch.quota.record(t, ch.cfg.quota_period_ms);
         }
@@ -721,7 +743,8 @@ impl Engine {
     /// Whether any event of this channel reached this engine (a partition
     /// reports only the channels whose events it carries).
     pub fn has_events(&self, idx: ChannelIdx) -> bool {
-        self.channels[idx as usize].last_event_ms.is_some()
+        let ch = &self.channels[idx as usize];
+        ch.last_event_ms.is_some() || ch.last_unsent_ms.is_some()
     }
 
     /// Swaps in a new config (for an engine that serves every channel of
@@ -808,8 +831,10 @@ impl Engine {
         });
         let secs = seen_ms as f64 / 1000.0;
         let mut demand_rps = [0.0; 4];
-        for (d, n) in demand_rps.iter_mut().zip(view.class_requests) {
-            *d = n as f64 / secs;
+        let mut unsent_rps = [0.0; 4];
+        for k in 0..4 {
+            unsent_rps[k] = view.class_unsent[k] as f64 / secs;
+            demand_rps[k] = view.class_requests[k] as f64 / secs + unsent_rps[k];
         }
         let real_requests: u32 = view.class_requests.iter().sum();
         let tokens: u64 = view.class_tokens.iter().sum();
@@ -821,7 +846,9 @@ impl Engine {
             score: ch.score.map(|s| s.value),
             pinned: ch.machine.pin().is_some(),
             demand_rps,
+            unsent_rps,
             tokens_per_request: (real_requests > 0).then(|| tokens as f64 / real_requests as f64),
+            spend_per_hour: (view.real.cost + view.probe.cost) / secs * 3600.0,
             p99_ms: ch.signals.latency.map(|l| l.p99_ms),
             error_rate: ch.signals.error_rate,
             failure_rate: ch
@@ -963,6 +990,42 @@ mod tests {
             e.apply(&ev("paid-a", t), out).unwrap();
             t += step;
         }
+    }
+
+    #[test]
+    fn unsent_requests_are_demand_and_nothing_else() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 120_000, 10, &mut out);
+        let served = e.health(e.channel_index("paid-a").unwrap());
+        // As many core requests again shed for paid-a and reported unsent
+        // (in every other field they look like instant successes).
+        let mut t = T0 + 120_000;
+        while t < T0 + 240_000 {
+            e.apply(&ev("free-a", t), &mut out).unwrap();
+            e.apply(&ev("paid-a", t), &mut out).unwrap();
+            let mut unsent = ev("paid-a", t + 50);
+            unsent.dispatch = crate::event::Dispatch::Shed;
+            unsent.latency_ms = 0;
+            e.apply(&unsent, &mut out).unwrap();
+            t += 100;
+        }
+        let h = e.health(e.channel_index("paid-a").unwrap());
+        let core = TrafficClass::Core.index();
+        assert!(
+            (h.demand_rps[core] - 20.0).abs() < 0.5,
+            "{:?}",
+            h.demand_rps
+        );
+        assert!(
+            (h.unsent_rps[core] - 10.0).abs() < 0.5,
+            "{:?}",
+            h.unsent_rps
+        );
+        assert!((served.demand_rps[core] - 10.0).abs() < 0.5);
+        assert_eq!(h.tokens_per_request, served.tokens_per_request);
+        assert_eq!(h.p99_ms, served.p99_ms, "no latency of an unsent request");
+        assert_eq!(e.stats().unsent, 1200);
     }
 
     #[test]

@@ -81,6 +81,11 @@ pub struct GroupInput {
     /// The group is in a correlated failure (SPEC §5a panic mode): every
     /// unpinned channel is planned as healthy, as static routing would.
     pub correlated: bool,
+    /// Measured spend over projected spend (1 when unknown): the budget is
+    /// planned at `budget × (1 − schedule.budget_margin) / spend_calibration`,
+    /// so a projection that runs low (token counts, retries, probes) does
+    /// not let the group overspend.
+    pub spend_calibration: f64,
 }
 
 /// Why a channel got the share it got (the first limit that bound).
@@ -340,7 +345,10 @@ pub fn plan(
     } else if !known {
         initial_fractions(&ctx)
     } else {
-        let mut target = healthy_plan(&ctx, &quota_bound, input.budget_per_hour);
+        let budget = input
+            .budget_per_hour
+            .map(|b| b * (1.0 - cfg.budget_margin) / input.spend_calibration.clamp(0.5, 2.0));
+        let mut target = healthy_plan(&ctx, &quota_bound, budget);
         // A plan where nothing is eligible for a class leaves it fully shed.
         normalize_rows(&mut target.0);
         target
@@ -797,6 +805,42 @@ pub struct Scheduler {
     /// partitions (no one engine sees them all) is still planned like
     /// static routing while it fails as a whole.
     safety: Vec<crate::safety::GroupSafety>,
+    /// Per group: planned against measured spend.
+    spend: Vec<SpendMeter>,
+}
+
+/// Planned against measured spend of one group (`GroupInput::spend_calibration`).
+///
+/// The measured side is each channel's cost over the demand window; the
+/// planned side is the projection of the plans in force over about the same
+/// span (an exponential average with the window as its time constant). Their
+/// ratio is smoothed over five windows, so one burst does not swing it.
+#[derive(Debug, Clone, Copy, Default)]
+struct SpendMeter {
+    planned: Option<f64>,
+    ratio: Option<f64>,
+    at_ms: Option<i64>,
+}
+
+impl SpendMeter {
+    /// Folds in the plan that was in force up to `now_ms` and the spend
+    /// measured over the last `window_ms`; returns the calibration.
+    fn update(&mut self, now_ms: i64, in_force: Option<f64>, measured: f64, window_ms: i64) -> f64 {
+        let dt = self.at_ms.map_or(window_ms, |t| (now_ms - t).max(0));
+        self.at_ms = Some(now_ms);
+        let Some(p) = in_force else {
+            return self.ratio.unwrap_or(1.0);
+        };
+        let a = (dt as f64 / window_ms as f64).clamp(0.0, 1.0);
+        let planned = self.planned.map_or(p, |x| x + a * (p - x));
+        self.planned = Some(planned);
+        if planned > 1e-6 && measured > 1e-6 {
+            let r = (measured / planned).clamp(0.5, 2.0);
+            let ar = a / 5.0;
+            self.ratio = Some(self.ratio.map_or(r, |x| x + ar * (r - x)));
+        }
+        self.ratio.unwrap_or(1.0)
+    }
 }
 
 /// Per tick, a held demand estimate decays by this factor toward what is
@@ -812,6 +856,7 @@ impl Scheduler {
             manual: vec![false; n],
             demand: vec![[0.0; 4]; n],
             safety: vec![crate::safety::GroupSafety::default(); n],
+            spend: vec![SpendMeter::default(); n],
         }
     }
 
@@ -871,13 +916,17 @@ impl Scheduler {
             self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated);
         let prev = self.plans[gi].as_ref();
         let mut demand = [0.0; 4];
+        let mut unsent = [0.0; 4];
+        let mut measured_spend = 0.0;
         let mut channels = Vec::with_capacity(g.channels.len());
         for c in &g.channels {
             let h = health.iter().find(|h| h.id == c.id);
             if let Some(h) = h {
-                for (d, x) in demand.iter_mut().zip(h.demand_rps) {
-                    *d += x;
+                for k in 0..4 {
+                    demand[k] += h.demand_rps[k];
+                    unsent[k] += h.unsent_rps[k];
                 }
+                measured_spend += h.spend_per_hour;
             }
             channels.push(ChannelInput {
                 id: c.id.clone(),
@@ -894,20 +943,32 @@ impl Scheduler {
                 failure_rate: h.and_then(|h| h.failure_rate),
             });
         }
-        // Shed requests never reach a channel, so while a class is shed its
-        // observed demand is censored: scale it back up by the shed share,
+        // Gateways report the requests they shed (`dispatch`), and those
+        // count in `demand_rps`. Gateways that do not (older ones) leave a
+        // shed class's demand censored: for a class shed with no unsent
+        // report at all, scale the served demand back up by the shed share,
         // and never let the estimate fall faster than a slow decay. A low
         // estimate would plan a backup above its capacity (seed 002).
         if let Some(p) = prev {
             for (k, d) in demand.iter_mut().enumerate() {
                 let shed = p.classes[k].shed;
-                if shed > 1e-9 {
+                if shed > 1e-9 && unsent[k] <= 0.0 {
                     let corrected = *d / (1.0 - shed).max(0.5);
                     *d = corrected.max(self.demand[gi][k] * HELD_DEMAND_DECAY);
                 }
             }
         }
         self.demand[gi] = demand;
+        let spend_calibration = if warm {
+            self.spend[gi].update(
+                now_ms,
+                prev.map(|p| p.projected_spend_per_hour),
+                measured_spend,
+                self.cfg.schedule.demand_window_ms,
+            )
+        } else {
+            1.0
+        };
         let input = GroupInput {
             group: g.id.clone(),
             now_ms,
@@ -917,6 +978,7 @@ impl Scheduler {
             horizon_ms: self.cfg.engine.quota_horizon_ms,
             warm,
             correlated,
+            spend_calibration,
         };
         let next = plan(
             &input,
@@ -965,6 +1027,7 @@ mod tests {
             horizon_ms: 3_600_000,
             warm: true,
             correlated: false,
+            spend_calibration: 1.0,
         }
     }
 
@@ -1168,6 +1231,58 @@ mod tests {
         assert_eq!(p.weight(TrafficClass::Core, "free-a"), 0.0);
     }
 
+    /// Demand of a shed class: measured from unsent reports when gateways
+    /// send them; scaled up by the shed share only when they do not.
+    #[test]
+    fn shed_demand_is_measured_when_gateways_report_it() {
+        let cfg = std::sync::Arc::new(crate::config::Config::single_group(
+            "chat",
+            &[("paid-a", crate::config::Tier::Paid, 1.0, 10.0)],
+        ));
+        let now = 1_000_000;
+        // 20 rps of core demand on a channel with room for 8: half is shed.
+        let report = |served: f64, unsent: f64| crate::pipeline::ChannelHealth {
+            demand_rps: [0.0, served + unsent, 0.0, 0.0],
+            unsent_rps: [0.0, unsent, 0.0, 0.0],
+            ..crate::pipeline::ChannelHealth::fixture("paid-a", StateKind::Healthy)
+        };
+        let core = |p: &Plan| p.class(Core).clone();
+        let mut s = Scheduler::new(cfg.clone());
+        let first = core(s.plan_group(0, now, &[report(20.0, 0.0)], true).0);
+        assert!(first.shed > 0.5, "{first:?}");
+        // Reporting gateways: 8 served + 12 unsent is 20, nothing inflated.
+        let p = core(s.plan_group(0, now + 5_000, &[report(8.0, 12.0)], true).0);
+        assert!(close(p.demand_rps, 20.0), "{p:?}");
+        // Older gateways: only the 8 served are seen; scaled back up.
+        let mut old = Scheduler::new(cfg);
+        old.plan_group(0, now, &[report(20.0, 0.0)], true);
+        let p = core(old.plan_group(0, now + 5_000, &[report(8.0, 0.0)], true).0);
+        assert!(p.demand_rps > 8.0 * 1.5, "{p:?}");
+    }
+
+    #[test]
+    fn spend_calibration_follows_what_was_measured() {
+        let mut m = SpendMeter::default();
+        assert_eq!(m.update(0, None, 0.0, 60_000), 1.0, "nothing known yet");
+        // Plans project 100/h while 120/h is measured, for ten minutes.
+        let mut r = 1.0;
+        for i in 1..=120 {
+            r = m.update(i * 5_000, Some(100.0), 120.0, 60_000);
+        }
+        assert!((r - 1.2).abs() < 0.02, "{r}");
+        // The calibration lowers the budget the plan works with.
+        let mut g = two();
+        g.budget_per_hour = Some(60_000.0);
+        let plain = run(&g).projected_spend_per_hour;
+        g.spend_calibration = r;
+        let calibrated = run(&g).projected_spend_per_hour;
+        assert!(
+            calibrated * r <= 60_000.0 * (1.0 - 0.03) + 1e-6,
+            "{calibrated}"
+        );
+        assert!(calibrated < plain);
+    }
+
     #[test]
     fn at_risk_capacity_takes_tolerant_overflow_before_shedding() {
         let mut g = group(
@@ -1213,7 +1328,9 @@ mod tests {
         let p = run(&g);
         assert!(p.projected_spend_per_hour <= 3600.0 * 25.0 + 1e-6);
         assert!(close(p.class(Experimental).shed, 1.0));
-        assert!(close(p.class(Batch).shed, 0.5));
+        // The plan keeps `budget_margin` of the budget in reserve.
+        let affordable = 25.0 * (1.0 - ScheduleConfig::default().budget_margin);
+        assert!(close(p.class(Batch).shed, 1.0 - (affordable - 20.0) / 10.0));
         assert_eq!(p.class(Core).shed, 0.0);
     }
 

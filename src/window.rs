@@ -120,6 +120,8 @@ struct Slice {
     /// Real requests and tokens per traffic class (scheduler demand).
     class_requests: [u32; 4],
     class_tokens: [u64; 4],
+    /// Requests per traffic class the gateways did not send (demand only).
+    class_unsent: [u32; 4],
     latency_short: TDigest,
     latency_long: TDigest,
     latency_probe: TDigest,
@@ -136,6 +138,7 @@ impl Slice {
             probe: Counters::default(),
             class_requests: [0; 4],
             class_tokens: [0; 4],
+            class_unsent: [0; 4],
             latency_short: TDigest::new_with_size(size),
             latency_long: TDigest::new_with_size(size),
             latency_probe: TDigest::new_with_size(size),
@@ -210,6 +213,8 @@ pub struct ViewCounters {
     pub probe: Counters,
     pub class_requests: [u32; 4],
     pub class_tokens: [u64; 4],
+    /// Unsent requests per class (shed, or no channel): demand only.
+    pub class_unsent: [u32; 4],
 }
 
 /// The time-sliced ring of one channel.
@@ -263,11 +268,9 @@ impl SliceRing {
         t_ms.div_euclid(self.slice_ms)
     }
 
-    /// Adds one event. The caller has already checked lateness, so the event's
-    /// slice is never older than the ring; if it somehow is, it is ignored and
-    /// `false` returned.
-    pub fn record(&mut self, ev: &RequestEvent<'_>) -> bool {
-        let t = ev.event_time_ms;
+    /// The slot of the slice holding event time `t`, recycled if it held an
+    /// older slice; `None` if `t` is older than the ring.
+    fn slot_for(&mut self, t: i64) -> Option<usize> {
         let (index, slot) = if t >= self.last.1 && t - self.last.1 < self.slice_ms {
             (self.last.0, self.last.2)
         } else {
@@ -276,21 +279,36 @@ impl SliceRing {
             self.last = (index, index * self.slice_ms, slot);
             (index, slot)
         };
-        let long_input_tokens = self.long_input_tokens;
-        let short_output_tokens = self.short_output_tokens;
-        let slow_request_ms = self.slow_request_ms;
         if self.stage.0 != index {
             self.drain_stage();
             self.stage = (index, slot);
         }
         if self.indices[slot] != index {
             if self.indices[slot] > index {
-                return false;
+                return None;
             }
             let size = self.slices[slot].latency_short.max_size();
             self.slices[slot] = Slice::empty(size);
             self.indices[slot] = index;
         }
+        Some(slot)
+    }
+
+    /// Adds one event. The caller has already checked lateness, so the event's
+    /// slice is never older than the ring; if it somehow is, it is ignored and
+    /// `false` returned.
+    pub fn record(&mut self, ev: &RequestEvent<'_>) -> bool {
+        let Some(slot) = self.slot_for(ev.event_time_ms) else {
+            return false;
+        };
+        if !ev.was_sent() {
+            // Demand only: no attempt was made, so nothing else is measured.
+            self.slices[slot].class_unsent[ev.traffic_class.index()] += 1;
+            return true;
+        }
+        let long_input_tokens = self.long_input_tokens;
+        let short_output_tokens = self.short_output_tokens;
+        let slow_request_ms = self.slow_request_ms;
         let s = &mut self.slices[slot];
         if ev.error_class == ErrorClass::Cancelled {
             return true;
@@ -404,6 +422,7 @@ impl SliceRing {
                 for i in 0..4 {
                     out.class_requests[i] += s.class_requests[i];
                     out.class_tokens[i] += s.class_tokens[i];
+                    out.class_unsent[i] += s.class_unsent[i];
                 }
             }
         }

@@ -33,6 +33,7 @@ fn event() -> RequestEvent<'static> {
         cost: 0.0,
         quota_remaining: Some(77),
         trace_id: None,
+        dispatch: hermes::event::Dispatch::Sent,
     }
 }
 

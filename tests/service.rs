@@ -226,6 +226,7 @@ fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestE
         cost: 0.0,
         quota_remaining: None,
         trace_id: None,
+        dispatch: hermes::event::Dispatch::Sent,
     }
 }
 

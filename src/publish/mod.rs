@@ -332,6 +332,7 @@ mod tests {
             horizon_ms: 3_600_000,
             warm: true,
             correlated: false,
+            spend_calibration: 1.0,
         };
         plan(&input, &cfg.classes, &cfg.schedule, None, false)
     }

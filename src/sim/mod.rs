@@ -19,7 +19,7 @@ pub mod scenario;
 use crate::alert::AlertEvent;
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::Config;
-use crate::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use crate::pipeline::Pipeline;
 use crate::schedule::Plan;
 use crate::state::StateKind;
@@ -132,6 +132,8 @@ pub struct RunResult {
     /// Retry attempts dispatched.
     pub retries: u64,
     pub spend: f64,
+    /// Spend per minute of the run (index: minute since the start).
+    pub spend_by_minute: Vec<f64>,
     /// Seconds in which any channel took more attempts than its capacity.
     pub overload_s: u64,
     pub events: u64,
@@ -247,6 +249,7 @@ impl Completed {
             cost: self.cost,
             quota_remaining: self.quota_remaining,
             trace_id: None,
+            dispatch: crate::event::Dispatch::Sent,
         }
     }
 }
@@ -474,12 +477,22 @@ fn load_rps(history: &[u32; LOAD_WINDOW_S], current: u32, frac: f64) -> f64 {
     (full as f64 + oldest + current as f64) / LOAD_WINDOW_S as f64
 }
 
-/// The plan's choice for one request: a channel index, or `None` to shed.
-fn route(plan: &Plan, class: TrafficClass, index: &[usize], rng: &mut Rng) -> Option<usize> {
+/// The plan's choice for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routed {
+    /// Send it to this channel (scenario index).
+    To(usize),
+    /// Do not send it; report it as unsent (`dispatch`), keyed by the
+    /// channel it would have gone to (the schema's rule for unsent events).
+    Unsent(Dispatch, usize),
+}
+
+/// Routes one request by the plan: shed by the class's shed share, else a
+/// weighted pick. A shed request still names the channel the weights would
+/// have picked; with no weighted channel, any channel (uniformly).
+fn route(plan: &Plan, class: TrafficClass, index: &[usize], rng: &mut Rng) -> Routed {
     let cp = plan.class(class);
-    if rng.chance(cp.shed) {
-        return None;
-    }
+    let shed = rng.chance(cp.shed);
     let mut u = rng.f64();
     let mut last = None;
     for (i, (_, w)) in cp.weights.iter().enumerate() {
@@ -488,11 +501,90 @@ fn route(plan: &Plan, class: TrafficClass, index: &[usize], rng: &mut Rng) -> Op
         }
         last = Some(index[i]);
         if u < *w {
-            return last;
+            break;
         }
         u -= *w;
     }
-    last
+    match (last, shed) {
+        (Some(j), false) => Routed::To(j),
+        (Some(j), true) => Routed::Unsent(Dispatch::Shed, j),
+        (None, _) => {
+            let any = ((rng.f64() * index.len() as f64) as usize).min(index.len() - 1);
+            Routed::Unsent(Dispatch::NoChannel, index[any])
+        }
+    }
+}
+
+/// Where a simulated gateway's events go: encoded and decoded through the
+/// wire codec (so the drills exercise it), recorded if asked, and applied to
+/// the pipeline when Hermes routes.
+struct Emitter<'r> {
+    encoder: Encoder,
+    decoder: Decoder,
+    buf: Vec<u8>,
+    record: Option<&'r mut Vec<Vec<u8>>>,
+    routing: Routing,
+}
+
+impl Emitter<'_> {
+    fn emit(&mut self, ev: &RequestEvent<'_>, pipeline: &mut Pipeline, result: &mut RunResult) {
+        self.buf.clear();
+        if self.encoder.encode_plain(ev, &mut self.buf).is_err() {
+            result.codec_errors += 1;
+            return;
+        }
+        if let Some(r) = self.record.as_deref_mut() {
+            r.push(self.buf.clone());
+        }
+        result.events += 1;
+        if self.routing == Routing::Hermes {
+            match self.decoder.decode(&self.buf, &NoRegistry) {
+                Ok(decoded) => {
+                    let _ = pipeline.apply(&decoded);
+                }
+                Err(_) => result.codec_errors += 1,
+            }
+        }
+    }
+}
+
+/// The event a gateway emits for a request it did not send.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn unsent_event<'a>(
+    event_id: &'a str,
+    t_ms: i64,
+    channel_id: &'a str,
+    route_group: &'a str,
+    gateway_id: &'a str,
+    class: TrafficClass,
+    attempt: i32,
+    dispatch: Dispatch,
+) -> RequestEvent<'a> {
+    RequestEvent {
+        event_id,
+        event_time_ms: t_ms,
+        gateway_id,
+        channel_id,
+        route_group,
+        model: "sim-model",
+        traffic_class: class,
+        attempt,
+        http_status: 0,
+        error_class: ErrorClass::None,
+        latency_ms: 0,
+        ttfb_ms: None,
+        input_tokens: 0,
+        output_tokens: 0,
+        finish_reason: FinishReason::Unknown,
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        is_probe: false,
+        cost: 0.0,
+        quota_remaining: None,
+        trace_id: None,
+        dispatch,
+    }
 }
 
 /// Runs one scenario once. `record` collects every encoded event.
@@ -542,10 +634,43 @@ pub fn run(
         .map(|p| sc.channels.iter().position(|c| c.id == p.id).unwrap_or(0))
         .collect();
 
-    let encoder_decoder = (Encoder::default(), Decoder::new(WireFormat::Plain));
-    let (mut encoder, decoder) = encoder_decoder;
-    let mut buf = Vec::with_capacity(256);
+    let mut emitter = Emitter {
+        encoder: Encoder::default(),
+        decoder: Decoder::new(WireFormat::Plain),
+        buf: Vec::with_capacity(256),
+        record: record.take(),
+        routing,
+    };
     let mut id_buf = String::new();
+    // A request the plan did not send: counted as failed (the user got
+    // nothing) and, if the gateways report it, emitted as demand.
+    let unsent = |how: Dispatch,
+                  j: usize,
+                  class: TrafficClass,
+                  attempt: i32,
+                  t_ms: i64,
+                  seq: &mut u64,
+                  emitter: &mut Emitter,
+                  pipeline: &mut Pipeline,
+                  result: &mut RunResult| {
+        result.shed += 1;
+        result.failed_requests += 1;
+        if sc.gateway.report_unsent {
+            *seq += 1;
+            let id = format!("sim-unsent-{seq}");
+            let ev = unsent_event(
+                &id,
+                t_ms,
+                &sc.channels[j].id,
+                &sc.gateway.group,
+                "sim-gw",
+                class,
+                attempt,
+                how,
+            );
+            emitter.emit(&ev, pipeline, result);
+        }
+    };
 
     let step = sc.step_ms;
     let steps = (sc.duration_s * 1000.0 / step as f64).ceil() as i64;
@@ -602,6 +727,11 @@ pub fn run(
             result.channels[j].served += 1;
             result.channels[j].bad += done.harmed as u64;
             result.spend += done.cost;
+            let minute = ((t_ms - sc.start_ms).max(0) / 60_000) as usize;
+            if result.spend_by_minute.len() <= minute {
+                result.spend_by_minute.resize(minute + 1, 0.0);
+            }
+            result.spend_by_minute[minute] += done.cost;
         }
         *seq += 1;
         queue.push(Reverse(Queued {
@@ -643,8 +773,8 @@ pub fn run(
             }
             let Some(Reverse(q)) = queue.pop() else { break };
             match q.what {
-                Pending::Retry(mut req) => {
-                    if let Some(j) = route(&plan, req.class, &plan_index, &mut rng) {
+                Pending::Retry(mut req) => match route(&plan, req.class, &plan_index, &mut rng) {
+                    Routed::To(j) => {
                         req.channel = j;
                         result.retries += 1;
                         dispatch(
@@ -659,34 +789,26 @@ pub fn run(
                             &mut quota_use,
                             &mut result,
                         );
-                    } else {
-                        result.shed += 1;
-                        result.failed_requests += 1;
                     }
-                }
+                    Routed::Unsent(how, j) => unsent(
+                        how,
+                        j,
+                        req.class,
+                        req.attempt,
+                        q.at_ms,
+                        &mut seq,
+                        &mut emitter,
+                        &mut pipeline,
+                        &mut result,
+                    ),
+                },
                 Pending::Done(d) => {
                     let c = &sc.channels[d.req.channel];
                     id_buf.clear();
                     use std::fmt::Write;
                     let _ = write!(id_buf, "sim-{}", q.seq);
                     let ev = d.event(&id_buf, q.at_ms, &c.id, &sc.gateway.group, "sim-gw");
-                    buf.clear();
-                    if encoder.encode_plain(&ev, &mut buf).is_err() {
-                        result.codec_errors += 1;
-                        continue;
-                    }
-                    if let Some(r) = record.as_deref_mut() {
-                        r.push(buf.clone());
-                    }
-                    result.events += 1;
-                    if routing == Routing::Hermes {
-                        match decoder.decode(&buf, &NoRegistry) {
-                            Ok(decoded) => {
-                                let _ = pipeline.apply(&decoded);
-                            }
-                            Err(_) => result.codec_errors += 1,
-                        }
-                    }
+                    emitter.emit(&ev, &mut pipeline, &mut result);
                     // Fast-path bookkeeping for the report.
                     let j = d.req.channel;
                     let before = streaks[j].count;
@@ -802,9 +924,9 @@ pub fn run(
                 let class = tr.class.class();
                 let long = rng.chance(tr.long_share);
                 let structured = rng.chance(tr.structured_share);
+                let at = t_ms + (rng.f64() * step as f64) as i64;
                 match route(&plan, class, &plan_index, &mut rng) {
-                    Some(j) => {
-                        let at = t_ms + (rng.f64() * step as f64) as i64;
+                    Routed::To(j) => {
                         let req = Request {
                             class,
                             long,
@@ -826,10 +948,17 @@ pub fn run(
                             &mut result,
                         );
                     }
-                    None => {
-                        result.shed += 1;
-                        result.failed_requests += 1;
-                    }
+                    Routed::Unsent(how, j) => unsent(
+                        how,
+                        j,
+                        class,
+                        0,
+                        at,
+                        &mut seq,
+                        &mut emitter,
+                        &mut pipeline,
+                        &mut result,
+                    ),
                 }
             }
         }

@@ -78,6 +78,12 @@ pub struct Report {
     pub spend_baseline: f64,
     /// Budget over the whole run (budget per hour × hours), if any.
     pub budget: Option<f64>,
+    /// The most spent in any hour of the run (rolling, minute steps), as a
+    /// rate per hour; a run shorter than an hour is one window, scaled.
+    /// Compare with `budget_per_hour`: a budget holds at every hour, not
+    /// only on average.
+    pub peak_hour_spend: f64,
+    pub budget_per_hour: Option<f64>,
     pub overload_s: u64,
     pub events: u64,
     /// Alerts raised, by kind.
@@ -234,10 +240,27 @@ pub fn build(
         budget: sc
             .budget_per_hour
             .map(|b| round2(b * sc.duration_s / 3600.0)),
+        peak_hour_spend: round2(peak_hour_spend(&hermes.spend_by_minute, sc.duration_s)),
+        budget_per_hour: sc.budget_per_hour,
         overload_s: hermes.overload_s,
         events: hermes.events,
         alerts,
     }
+}
+
+/// The largest spend over any window of an hour (or of the whole run, if
+/// shorter), per hour. Windows end on minute boundaries.
+pub fn peak_hour_spend(by_minute: &[f64], duration_s: f64) -> f64 {
+    let minutes = ((duration_s / 60.0).ceil() as usize).max(1);
+    let window = minutes.min(60);
+    let at = |i: usize| by_minute.get(i).copied().unwrap_or(0.0);
+    let mut sum: f64 = (0..window).map(at).sum();
+    let mut peak = sum;
+    for end in window..minutes {
+        sum += at(end) - at(end - window);
+        peak = peak.max(sum);
+    }
+    peak * 60.0 / window as f64
 }
 
 fn round2(x: f64) -> f64 {
@@ -315,11 +338,14 @@ pub fn table(r: &Report) -> String {
         r.harmed_attempts_static
     ));
     s.push_str(&format!(
-        "spend: {:.2} (no-fault baseline {:.2}{})\n",
+        "spend: {:.2} (no-fault baseline {:.2}{}); peak hour {:.2}{}\n",
         r.spend,
         r.spend_baseline,
         r.budget
-            .map_or(String::new(), |b| format!(", budget {b:.2}"))
+            .map_or(String::new(), |b| format!(", budget {b:.2}")),
+        r.peak_hour_spend,
+        r.budget_per_hour
+            .map_or(String::new(), |b| format!(" per hour (budget {b:.2})"))
     ));
     s.push_str(&format!(
         "overload: {} s; events {}\n",

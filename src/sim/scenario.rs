@@ -64,6 +64,10 @@ pub struct GatewayModel {
     pub probe_interval_s: f64,
     /// Group name used for every channel.
     pub group: String,
+    /// Gateways report the requests they do not send (`dispatch` SHED or
+    /// NO_CHANNEL), so Hermes measures demand instead of inferring it.
+    /// `false` models gateways older than that field.
+    pub report_unsent: bool,
 }
 
 impl Default for GatewayModel {
@@ -73,6 +77,7 @@ impl Default for GatewayModel {
             retry_delay_ms: 200,
             probe_interval_s: 10.0,
             group: "chat".into(),
+            report_unsent: true,
         }
     }
 }
