@@ -2,8 +2,11 @@
 //! README's drill table and a closing note quote.
 //!
 //! ```sh
-//! cargo run --release --example drills -- [--seeds 1,2,3,4,5] [--only NAME] [--json]
+//! cargo run --release --example drills -- [--seeds own,101,202,303,404] [--only NAME] [--json | --summary]
 //! ```
+//! `own` is each scenario's own seed (the test seeds are `own,101,202,303,404`).
+//! `--summary` prints one row per drill: sums over the seeds, and the range
+//! of the faulty channels' times (the README's drill table).
 //!
 //! Each (scenario, seed) is the same `hermes::sim::drill` that
 //! `hermes simulate` and `tests/scenarios.rs` run, with the scenario's own
@@ -21,11 +24,16 @@ fn main() {
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1).cloned())
     };
-    let seeds: Vec<u64> = arg("--seeds")
+    // `None`: the scenario's own seed.
+    let seeds: Vec<Option<u64>> = arg("--seeds")
         .unwrap_or_else(|| "1,2,3,4,5".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("--seeds takes numbers"))
+        .map(|s| match s.trim() {
+            "own" => None,
+            n => Some(n.parse().expect("--seeds takes numbers or `own`")),
+        })
         .collect();
+    let summary = args.iter().any(|a| a == "--summary");
     let only = arg("--only");
     let json = args.iter().any(|a| a == "--json");
     let dir = format!("{}/scenarios", env!("CARGO_MANIFEST_DIR"));
@@ -38,7 +46,7 @@ fn main() {
         .filter(|n| only.as_deref().is_none_or(|o| n.contains(o)))
         .collect();
     names.sort();
-    let jobs: Vec<(String, u64)> = names
+    let jobs: Vec<(String, Option<u64>)> = names
         .iter()
         .flat_map(|n| seeds.iter().map(move |s| (n.clone(), *s)))
         .collect();
@@ -56,6 +64,7 @@ fn main() {
                 let sc = Scenario::from_toml(&text).expect("scenario");
                 let cfg = Config::from_toml(&sc.hermes_config_text(None).expect("config"))
                     .expect("config");
+                let seed = seed.unwrap_or(sc.seed);
                 let r = hermes::sim::drill(&sc, Arc::new(cfg), seed, None).0;
                 results.lock().expect("results").push((i, r));
             })
@@ -75,6 +84,10 @@ fn main() {
             "{}",
             serde_json::to_string_pretty(&reports).expect("reports serialize")
         );
+        return;
+    }
+    if summary {
+        print_summary(&reports);
         return;
     }
     println!(
@@ -118,6 +131,66 @@ fn main() {
             match r.budget_per_hour {
                 Some(b) => format!("{:.0} / {b:.0}", r.peak_hour_spend),
                 None => "-".into(),
+            }
+        );
+    }
+}
+
+/// One row per drill: sums over its seeds, ranges of the faulty channels'
+/// times, the worst hour's spend against the budget.
+fn print_summary(reports: &[Report]) {
+    println!(
+        "| drill | seeds | failed, Hermes | failed, static | ratio | shed | detect_s | drain_s | recover_s | flaps / retrips | false drains | peak hour / budget |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut names: Vec<&str> = reports.iter().map(|r| r.scenario.as_str()).collect();
+    names.dedup();
+    for name in names {
+        let rs: Vec<&Report> = reports.iter().filter(|r| r.scenario == name).collect();
+        let sum = |f: &dyn Fn(&Report) -> u64| rs.iter().map(|r| f(r)).sum::<u64>();
+        let (failed, failed_static) = (
+            sum(&|r| r.failed_requests),
+            sum(&|r| r.failed_requests_static),
+        );
+        let range = |f: &dyn Fn(&hermes::sim::report::ChannelReport) -> Option<f64>| {
+            let v: Vec<f64> = rs
+                .iter()
+                .flat_map(|r| r.channels.iter().filter(|c| c.faulty))
+                .filter_map(f)
+                .collect();
+            let lo = v.iter().copied().reduce(f64::min);
+            let hi = v.iter().copied().reduce(f64::max);
+            match (lo, hi) {
+                (Some(a), Some(b)) if (a - b).abs() < 0.5 => format!("{a:.0}"),
+                (Some(a), Some(b)) => format!("{a:.0}–{b:.0}"),
+                _ => "–".into(),
+            }
+        };
+        let chans = |f: &dyn Fn(&hermes::sim::report::ChannelReport) -> u64| {
+            rs.iter()
+                .flat_map(|r| r.channels.iter())
+                .map(f)
+                .sum::<u64>()
+        };
+        let peak = rs.iter().map(|r| r.peak_hour_spend).reduce(f64::max);
+        println!(
+            "| `{name}` | {} | {failed} | {failed_static} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+            rs.iter().map(|r| r.seed.to_string()).collect::<Vec<_>>().join(","),
+            if failed_static > 0 {
+                format!("{:.2}", failed as f64 / failed_static as f64)
+            } else {
+                "–".into()
+            },
+            sum(&|r| r.shed),
+            range(&|c| c.detect_s),
+            range(&|c| c.drain_s),
+            range(&|c| c.recover_s),
+            chans(&|c| c.flaps as u64),
+            chans(&|c| c.retrips as u64),
+            chans(&|c| c.false_drain as u64),
+            match (peak, rs[0].budget_per_hour) {
+                (Some(p), Some(b)) => format!("{p:.0} / {b:.0}"),
+                _ => "–".into(),
             }
         );
     }
