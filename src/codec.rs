@@ -201,6 +201,10 @@ impl Decoder {
     }
 }
 
+/// The last millisecond of the year 9999: later event times are invalid
+/// (and event-time arithmetic stays far from overflow).
+pub const MAX_EVENT_TIME_MS: i64 = 253_402_300_799_999;
+
 /// Rejects events that decode but cannot be meaningful; such values would
 /// poison windows (negative latency) or route nowhere (empty ids).
 pub fn validate(event: &RequestEvent<'_>) -> Result<(), CodecError> {
@@ -216,6 +220,9 @@ pub fn validate(event: &RequestEvent<'_>) -> Result<(), CodecError> {
     }
     if event.event_time_ms <= 0 {
         return invalid("event_time_ms", "is not a positive epoch time");
+    }
+    if event.event_time_ms > MAX_EVENT_TIME_MS {
+        return invalid("event_time_ms", "is after the year 9999");
     }
     if event.latency_ms < 0 {
         return invalid("latency_ms", "is negative");

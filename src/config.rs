@@ -251,6 +251,16 @@ pub struct EngineConfig {
     /// Events up to this much older than the partition watermark still land in
     /// their slice; older ones are counted (`too_late`) and dropped.
     pub allowed_lateness_ms: i64,
+    /// An event stamped further ahead than this of its reference (the wall
+    /// clock in the service; the watermark in replay and the simulator) is
+    /// refused as `future_timestamp` and moves nothing (see `clock`). At most
+    /// `allowed_lateness_ms`, so a gateway ahead by less than this never
+    /// makes another gateway's events too late.
+    pub max_clock_skew_ms: i64,
+    /// Without a wall clock (replay, the simulator), a jump of the watermark
+    /// past the skew is taken when a second gateway's event, or this many
+    /// events in a row, land beyond it: a real gap in the traffic.
+    pub clock_jump_events: u32,
     /// Size of the count-based window of last outcomes. SPEC §4 / seed 002:
     /// "the last 100 requests" catches sparse failures a time window misses.
     pub outcome_window: u32,
@@ -290,6 +300,8 @@ impl Default for EngineConfig {
             long_window_ms: 300_000,
             evaluation_interval_ms: 5_000,
             allowed_lateness_ms: 10_000,
+            max_clock_skew_ms: 10_000,
+            clock_jump_events: 20,
             outcome_window: 100,
             tdigest_size: 100,
             long_input_tokens: 4_000,
@@ -327,6 +339,16 @@ impl EngineConfig {
         }
         if self.allowed_lateness_ms < 0 {
             v.push("engine.allowed_lateness_ms", "must be >= 0");
+        }
+        if self.max_clock_skew_ms < 0 || self.max_clock_skew_ms > self.allowed_lateness_ms {
+            v.push(
+                "engine.max_clock_skew_ms",
+                "must be within [0, engine.allowed_lateness_ms] (a gateway ahead by less than \
+                 the skew must not make the others' events too late)",
+            );
+        }
+        if self.clock_jump_events == 0 {
+            v.push("engine.clock_jump_events", "must be at least 1");
         }
         if self.slice_ms > 0 {
             if self.short_window_ms % self.slice_ms != 0 {

@@ -48,6 +48,7 @@
 
 pub mod alert;
 pub mod client;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod dedup;

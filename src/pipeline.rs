@@ -47,6 +47,14 @@ pub enum ApplyError {
     },
     #[error("event is {lag_ms} ms behind the watermark, past the allowed lateness")]
     TooLate { lag_ms: i64 },
+    #[error(
+        "event is stamped {ahead_ms} ms ahead of {reference}, past the allowed clock skew \
+         (engine.max_clock_skew_ms)"
+    )]
+    FutureTimestamp {
+        ahead_ms: i64,
+        reference: &'static str,
+    },
 }
 
 impl ApplyError {
@@ -56,6 +64,7 @@ impl ApplyError {
             ApplyError::UnknownChannel { .. } => "unknown_channel",
             ApplyError::GroupMismatch { .. } => "group_mismatch",
             ApplyError::TooLate { .. } => "too_late",
+            ApplyError::FutureTimestamp { .. } => "future_timestamp",
         }
     }
 }
@@ -68,6 +77,8 @@ pub struct EngineStats {
     pub unknown_channel: u64,
     pub group_mismatch: u64,
     pub evaluations: u64,
+    /// Events refused as stamped too far ahead (`clock`).
+    pub future_timestamp: u64,
     /// Applied events that reported an unsent request (demand only).
     pub unsent: u64,
 }
@@ -267,6 +278,8 @@ pub struct Engine {
     evaluate_unseen: bool,
     /// Per group (config order): the correlated-failure memory.
     safety: Vec<GroupSafety>,
+    /// A candidate jump of the watermark, waiting for corroboration.
+    jump: crate::clock::JumpGuard,
 }
 
 impl Engine {
@@ -299,6 +312,7 @@ impl Engine {
         Engine {
             evaluate_unseen,
             safety: vec![GroupSafety::default(); cfg.groups.len()],
+            jump: crate::clock::JumpGuard::default(),
             rules: AlertRules::new(cfg.alerts.clone()),
             cfg,
             channels,
@@ -337,11 +351,64 @@ impl Engine {
         }
     }
 
-    /// Applies one event. Alerts it causes (the fast path, evaluation ticks it
-    /// crosses) are appended to `out`.
+    /// Applies one event of a recording or a simulation: an event stamped
+    /// far ahead is judged against the watermark (`clock`). Alerts it causes
+    /// (the fast path, evaluation ticks it crosses) are appended to `out`.
     pub fn apply(
         &mut self,
         ev: &RequestEvent<'_>,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        self.apply_against(ev, crate::clock::Reference::Watermark, out)
+    }
+
+    /// Applies one event as it arrives live: an event stamped further ahead
+    /// of the wall clock `wall_ms` than the allowed skew is refused.
+    pub fn apply_live(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        self.apply_against(ev, crate::clock::Reference::Wall(wall_ms), out)
+    }
+
+    /// Refuses an event stamped too far ahead of `reference` (`clock`).
+    fn check_clock(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        reference: crate::clock::Reference,
+    ) -> Result<(), ApplyError> {
+        use crate::clock::{is_ahead, Reference};
+        let t = ev.event_time_ms;
+        let skew = self.cfg.engine.max_clock_skew_ms;
+        let refused = match (reference, self.watermark_ms) {
+            (Reference::Wall(now), _) => is_ahead(t, now, skew).then_some((now, "the wall clock")),
+            (Reference::Watermark, Some(w)) if is_ahead(t, w, skew) => {
+                let needed = self.cfg.engine.clock_jump_events;
+                (!self.jump.corroborated(ev.gateway_id, needed)).then_some((w, "the watermark"))
+            }
+            (Reference::Watermark, _) => {
+                self.jump.clear();
+                None
+            }
+        };
+        match refused {
+            Some((r, reference)) => {
+                self.stats.future_timestamp += 1;
+                Err(ApplyError::FutureTimestamp {
+                    ahead_ms: t.saturating_sub(r),
+                    reference,
+                })
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn apply_against(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        reference: crate::clock::Reference,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
         let Some(&idx) = self.by_id.get(ev.channel_id) else {
@@ -357,6 +424,7 @@ impl Engine {
                 return Err(ApplyError::TooLate { lag_ms: w - t });
             }
         }
+        self.check_clock(ev, reference)?;
         {
             let ch = &self.channels[idx as usize];
             if ch.cfg.group != ev.route_group {
@@ -441,12 +509,26 @@ impl Engine {
         if self.first_event_ms.is_none() {
             self.first_event_ms = Some(now_ms);
             // First tick on the grid after the first event.
-            self.next_eval_ms = Some((now_ms.div_euclid(interval) + 1) * interval);
+            self.next_eval_ms =
+                Some((now_ms.div_euclid(interval).saturating_add(1)).saturating_mul(interval));
+        }
+        // After a gap longer than the long view every window is empty: only
+        // its last long view is evaluated, so a jump of any length (an
+        // outage, a corroborated clock jump) costs a bounded number of ticks.
+        let catch_up_from = now_ms
+            .saturating_sub(self.cfg.engine.long_window_ms)
+            .div_euclid(interval)
+            * interval;
+        if self.next_eval_ms.is_some_and(|t| t < catch_up_from) {
+            self.next_eval_ms = Some(catch_up_from);
         }
         while let Some(tick) = self.next_eval_ms.filter(|t| *t <= now_ms) {
             self.watermark_ms = Some(tick);
             self.evaluate_all(tick, out);
-            self.next_eval_ms = Some(tick + interval);
+            self.next_eval_ms = Some(tick.saturating_add(interval));
+            if tick == i64::MAX {
+                break;
+            }
         }
         self.watermark_ms = Some(now_ms);
     }
@@ -990,6 +1072,114 @@ mod tests {
             e.apply(&ev("paid-a", t), out).unwrap();
             t += step;
         }
+    }
+
+    fn from(gateway: &'static str, channel: &'static str, t: i64) -> RequestEvent<'static> {
+        let mut e = ev(channel, t);
+        e.gateway_id = gateway;
+        e
+    }
+
+    #[test]
+    fn one_event_years_ahead_is_refused_and_moves_nothing() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
+        let w = e.watermark_ms();
+        let ten_years = T0 + 10 * 365 * 86_400_000;
+        let err = e.apply(&from("gw-bad", "free-a", ten_years), &mut out);
+        assert!(
+            matches!(err, Err(ApplyError::FutureTimestamp { .. })),
+            "{err:?}"
+        );
+        assert_eq!(e.watermark_ms(), w);
+        healthy(&mut e, T0 + 60_000, T0 + 120_000, 10, &mut out);
+        assert_eq!(e.stats().too_late, 0);
+        assert_eq!(e.stats().future_timestamp, 1);
+        // Live, the wall clock is the reference.
+        let err = e.apply_live(
+            &from("gw-bad", "free-a", T0 + 200_000),
+            T0 + 120_000,
+            &mut out,
+        );
+        assert!(
+            matches!(err, Err(ApplyError::FutureTimestamp { .. })),
+            "{err:?}"
+        );
+        e.apply_live(
+            &from("gw-ok", "free-a", T0 + 125_000),
+            T0 + 120_000,
+            &mut out,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_gateway_an_hour_fast_drops_none_of_the_others_events() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        let mut t = T0;
+        let mut refused = 0;
+        let mut i = 0u64;
+        while t < T0 + 600_000 {
+            for (g, skew) in [
+                ("gw-a", 0),
+                ("gw-b", 0),
+                ("gw-fast", 3_600_000),
+                ("gw-c", 0),
+            ] {
+                i += 1;
+                let ch = if i % 2 == 0 { "free-a" } else { "paid-a" };
+                match e.apply(&from(g, ch, t + skew), &mut out) {
+                    Ok(()) => assert_ne!(g, "gw-fast", "a fast event was taken at {t}"),
+                    Err(ApplyError::FutureTimestamp { .. }) => refused += 1,
+                    Err(err) => panic!("{g}: {err}"),
+                }
+            }
+            t += 100;
+        }
+        assert_eq!(e.stats().too_late, 0);
+        assert_eq!(refused, 6_000);
+        assert!(e.watermark_ms().unwrap() < T0 + 600_000);
+    }
+
+    #[test]
+    fn a_real_gap_is_crossed_once_corroborated_in_bounded_work() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 60_000, 10, &mut out);
+        let evaluations = e.stats().evaluations;
+        // One gateway, silent for a year, then back: the first events after
+        // the gap wait for corroboration, then the watermark jumps.
+        let back = T0 + 365 * 86_400_000;
+        let needed = e.config().engine.clock_jump_events as i64;
+        for k in 0..needed {
+            let r = e.apply(&from("gw-a", "free-a", back + k * 100), &mut out);
+            assert_eq!(r.is_ok(), k == needed - 1, "event {k}: {r:?}");
+        }
+        assert_eq!(e.watermark_ms(), Some(back + (needed - 1) * 100));
+        let ticks = e.stats().evaluations - evaluations;
+        let per_long_view =
+            e.config().engine.long_window_ms / e.config().engine.evaluation_interval_ms;
+        assert!(
+            ticks <= 2 * (per_long_view as u64 + 2),
+            "{ticks} evaluations"
+        );
+        // A second gateway corroborates at once.
+        let later = back + 30 * 86_400_000;
+        assert!(e.apply(&from("gw-a", "free-a", later), &mut out).is_err());
+        e.apply(&from("gw-b", "paid-a", later + 5), &mut out)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_first_event_years_ahead_costs_bounded_work() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        let far = crate::codec::MAX_EVENT_TIME_MS;
+        e.apply(&from("gw-a", "free-a", far), &mut out).unwrap();
+        e.advance_to(far + 3_600_000, &mut out);
+        assert!(e.stats().evaluations < 1_000, "{}", e.stats().evaluations);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct ReplayReport {
     pub decode_errors: u64,
     /// Events the engine refused, by reason.
     pub rejected: BTreeMap<String, u64>,
+    /// Event-time range of the applied events (a refused event, such as one
+    /// stamped years ahead, is not part of what was replayed).
     pub first_event_ms: Option<i64>,
     pub last_event_ms: Option<i64>,
     pub channels: Vec<ChannelDecisions>,
@@ -87,14 +89,16 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
             tracing::debug!(error = %e, "skipping invalid event");
             continue;
         }
-        report.first_event_ms.get_or_insert(ev.event_time_ms);
-        report.last_event_ms = Some(
-            report
-                .last_event_ms
-                .map_or(ev.event_time_ms, |l| l.max(ev.event_time_ms)),
-        );
         match pipeline.apply(&ev) {
-            Ok(()) => report.applied += 1,
+            Ok(()) => {
+                report.applied += 1;
+                report.first_event_ms.get_or_insert(ev.event_time_ms);
+                report.last_event_ms = Some(
+                    report
+                        .last_event_ms
+                        .map_or(ev.event_time_ms, |l| l.max(ev.event_time_ms)),
+                );
+            }
             Err(e) => *report.rejected.entry(e.kind().to_string()).or_insert(0) += 1,
         }
     }

@@ -55,6 +55,10 @@ fn replay_reproduces_the_recorded_decisions() {
     let mut live_sorted = live.clone();
     live_sorted.sort();
     assert!(!live.is_empty());
+    // Replay runs one more evaluation tick after the last event than the
+    // live run, which stops at the scenario's end.
+    let end = sc.start_ms + (sc.duration_s * 1000.0) as i64;
+    let replayed: Vec<_> = replayed.into_iter().filter(|d| d.0 <= end).collect();
     assert_eq!(replayed, live_sorted);
 }
 
@@ -100,4 +104,92 @@ fn garbage_is_not_a_container_file() {
     let cfg = Arc::new(Config::from_toml(&scenario().hermes_config_text(None).unwrap()).unwrap());
     let err = hermes::replay::replay(b"not avro", cfg).unwrap_err();
     assert!(err.contains("not an Avro object container file"), "{err}");
+}
+
+/// The recorded drill with its events spread over four gateways, through
+/// `edit` (which may change or drop each one), as a container file.
+fn edited(
+    recorded: &[Vec<u8>],
+    edit: impl Fn(usize, &mut hermes::event::RequestEvent<'_>) -> bool,
+) -> Vec<u8> {
+    use hermes::codec::{Decoder, Encoder, NoRegistry, WireFormat};
+    let decoder = Decoder::new(WireFormat::Plain);
+    let mut encoder = Encoder::default();
+    const GATEWAYS: [&str; 4] = ["gw-0", "gw-1", "gw-2", "gw-3"];
+    let mut out = Vec::new();
+    for (i, bytes) in recorded.iter().enumerate() {
+        let mut ev = decoder.decode(bytes, &NoRegistry).unwrap();
+        ev.gateway_id = GATEWAYS[i % 4];
+        if !edit(i, &mut ev) {
+            continue;
+        }
+        let mut buf = Vec::new();
+        encoder.encode_plain(&ev, &mut buf).unwrap();
+        out.push(buf);
+    }
+    hermes::replay::write_events(Vec::new(), &out).unwrap()
+}
+
+fn decisions(r: &hermes::replay::ReplayReport) -> Vec<(String, i64, String, String)> {
+    r.channels
+        .iter()
+        .flat_map(|c| {
+            c.decisions
+                .iter()
+                .map(|d| (c.id.clone(), d.event_time_ms, d.from.clone(), d.to.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn one_event_ten_years_ahead_is_refused_in_bounded_time() {
+    let sc = scenario();
+    let cfg = Arc::new(Config::from_toml(&sc.hermes_config_text(None).unwrap()).unwrap());
+    let mut recorded = Vec::new();
+    hermes::sim::drill(&sc, cfg.clone(), sc.seed, Some(&mut recorded));
+    let middle = recorded.len() / 2;
+    let clean = hermes::replay::replay(&edited(&recorded, |_, _| true), cfg.clone()).unwrap();
+    let poisoned = edited(&recorded, |i, ev| {
+        if i == middle {
+            ev.event_time_ms += 10 * 365 * 86_400_000;
+        }
+        true
+    });
+    let started = std::time::Instant::now();
+    let report = hermes::replay::replay(&poisoned, cfg).unwrap();
+    // Generous: the whole replay takes well under a second here; a hang
+    // (a tick every 5 s for ten years) would not end in this test's lifetime.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert_eq!(report.rejected.get("future_timestamp"), Some(&1));
+    assert_eq!(report.rejected.get("too_late"), None);
+    assert_eq!(report.applied, clean.applied - 1);
+    assert_eq!(decisions(&report), decisions(&clean));
+}
+
+#[test]
+fn a_gateway_an_hour_fast_costs_the_others_nothing() {
+    let sc = scenario();
+    let cfg = Arc::new(Config::from_toml(&sc.hermes_config_text(None).unwrap()).unwrap());
+    let mut recorded = Vec::new();
+    hermes::sim::drill(&sc, cfg.clone(), sc.seed, Some(&mut recorded));
+    // gw-2's clock runs an hour fast (its first event is not the file's first).
+    let fast = edited(&recorded, |i, ev| {
+        if i % 4 == 2 {
+            ev.event_time_ms += 3_600_000;
+        }
+        true
+    });
+    let without = edited(&recorded, |i, _| i % 4 != 2);
+    let report = hermes::replay::replay(&fast, cfg.clone()).unwrap();
+    let baseline = hermes::replay::replay(&without, cfg).unwrap();
+    let fast_events = recorded.iter().skip(2).step_by(4).count() as u64;
+    assert_eq!(report.rejected.get("future_timestamp"), Some(&fast_events));
+    assert_eq!(
+        report.rejected.get("too_late"),
+        None,
+        "{:?}",
+        report.rejected
+    );
+    assert_eq!(report.applied, baseline.applied);
+    assert_eq!(decisions(&report), decisions(&baseline));
 }

@@ -591,8 +591,21 @@ impl LoopState {
                     for a in fresh {
                         let mut engine = Engine::for_partition(self.cfg.clone());
                         let mut restored = ahash::AHashMap::new();
+                        let latest_ok = crate::client::wall_ms()
+                            .saturating_add(self.cfg.engine.max_clock_skew_ms);
                         for (channel, s) in &saved {
-                            if engine.restore(channel, s.machine.clone(), s.saved_at_ms) {
+                            // A state saved by a build that let a bad clock
+                            // move event time would freeze the channel until
+                            // then: it counts as saved now.
+                            if s.saved_at_ms > latest_ok {
+                                tracing::warn!(
+                                    channel = %channel,
+                                    saved_at_ms = s.saved_at_ms,
+                                    "saved state is stamped in the future; restoring it as of now"
+                                );
+                            }
+                            let saved_at = s.saved_at_ms.min(latest_ok);
+                            if engine.restore(channel, s.machine.clone(), saved_at) {
                                 restored.insert(channel.clone(), s.machine.clone());
                             }
                         }
@@ -701,13 +714,26 @@ impl LoopState {
         let outcome: Result<(), (&'static str, String)> = match decoder.decode(payload, lookup) {
             Ok(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
+                let wall = crate::client::wall_ms();
                 if replaying && ev.event_time_ms < part.replay_floor_ms {
                     Ok(())
+                } else if crate::clock::is_ahead(
+                    ev.event_time_ms,
+                    wall,
+                    self.cfg.engine.max_clock_skew_ms,
+                ) {
+                    // Before dedup: a far-future time would expire every
+                    // remembered id. The engine refuses it the same way.
+                    let e = part.engine.apply_live(&ev, wall, &mut part.alerts);
+                    Err(e.map_or_else(
+                        |e| (e.kind(), e.to_string()),
+                        |()| ("future_timestamp", "stamped ahead of the wall clock".into()),
+                    ))
                 } else if !part.dedup.first_seen(ev.event_id, ev.event_time_ms) {
                     Metrics::inc(&self.metrics.duplicates);
                     Ok(())
                 } else {
-                    match part.engine.apply(&ev, &mut part.alerts) {
+                    match part.engine.apply_live(&ev, wall, &mut part.alerts) {
                         Ok(()) => {
                             Metrics::inc(if replaying {
                                 &self.metrics.events_replayed
