@@ -255,8 +255,8 @@ pub struct EngineConfig {
     /// clock in the service; the watermark in replay and the simulator) is
     /// refused as `future_timestamp` and moves nothing (see `clock`). At most
     /// `allowed_lateness_ms`, so a gateway ahead by less than this never
-    /// makes another gateway's events too late.
-    pub max_clock_skew_ms: i64,
+    /// makes another gateway's events too late. Unset: equal to it.
+    pub max_clock_skew_ms: Option<i64>,
     /// Without a wall clock (replay, the simulator), a jump of the watermark
     /// past the skew is taken when a second gateway's event, or this many
     /// events in a row, land beyond it: a real gap in the traffic.
@@ -292,6 +292,13 @@ pub struct EngineConfig {
     pub quota_horizon_ms: i64,
 }
 
+impl EngineConfig {
+    /// The allowed clock skew: `max_clock_skew_ms`, or the allowed lateness.
+    pub fn clock_skew_ms(&self) -> i64 {
+        self.max_clock_skew_ms.unwrap_or(self.allowed_lateness_ms)
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -300,7 +307,7 @@ impl Default for EngineConfig {
             long_window_ms: 300_000,
             evaluation_interval_ms: 5_000,
             allowed_lateness_ms: 10_000,
-            max_clock_skew_ms: 10_000,
+            max_clock_skew_ms: None,
             clock_jump_events: 20,
             outcome_window: 100,
             tdigest_size: 100,
@@ -340,7 +347,10 @@ impl EngineConfig {
         if self.allowed_lateness_ms < 0 {
             v.push("engine.allowed_lateness_ms", "must be >= 0");
         }
-        if self.max_clock_skew_ms < 0 || self.max_clock_skew_ms > self.allowed_lateness_ms {
+        if self
+            .max_clock_skew_ms
+            .is_some_and(|k| k < 0 || k > self.allowed_lateness_ms)
+        {
             v.push(
                 "engine.max_clock_skew_ms",
                 "must be within [0, engine.allowed_lateness_ms] (a gateway ahead by less than \

@@ -381,7 +381,7 @@ impl Engine {
     ) -> Result<(), ApplyError> {
         use crate::clock::{is_ahead, Reference};
         let t = ev.event_time_ms;
-        let skew = self.cfg.engine.max_clock_skew_ms;
+        let skew = self.cfg.engine.clock_skew_ms();
         let refused = match (reference, self.watermark_ms) {
             (Reference::Wall(now), _) => is_ahead(t, now, skew).then_some((now, "the wall clock")),
             (Reference::Watermark, Some(w)) if is_ahead(t, w, skew) => {

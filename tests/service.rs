@@ -623,10 +623,20 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
                 b
             }
             // Decodes, but invalid (negative latency).
-            3 => {
+            3 if i % 10 == 3 => {
                 let id = format!("neg-{i}");
                 let mut ev = event(&id, channel, false, i);
                 ev.latency_ms = -5;
+                let mut b = Vec::new();
+                enc.encode_plain(&ev, &mut b).unwrap();
+                b
+            }
+            // Valid, but stamped ten years ahead: refused without moving
+            // event time, so every good event after it is still applied.
+            3 => {
+                let id = format!("future-{i}");
+                let mut ev = event(&id, channel, false, i);
+                ev.event_time_ms = wall_ms() + 10 * 365 * 86_400_000;
                 let mut b = Vec::new();
                 enc.encode_plain(&ev, &mut b).unwrap();
                 b
@@ -770,7 +780,13 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         "the original bytes of every garbage record"
     );
     assert_eq!(kinds.get("unknown_channel"), Some(&2_000));
-    assert_eq!(kinds.get("invalid"), Some(&2_000));
+    assert_eq!(kinds.get("invalid"), Some(&1_000));
+    assert_eq!(kinds.get("future_timestamp"), Some(&1_000));
+    assert_eq!(
+        hermes.metric("hermes_events_too_late_total"),
+        Some(0.0),
+        "a future stamp never made a good event late"
+    );
     assert_eq!(kinds.get("unknown_schema_id"), Some(&2_000));
     assert_eq!(kinds.get("truncated_datum"), Some(&2_000));
     assert_eq!(kinds.get("malformed"), Some(&2_000));

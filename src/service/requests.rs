@@ -592,7 +592,7 @@ impl LoopState {
                         let mut engine = Engine::for_partition(self.cfg.clone());
                         let mut restored = ahash::AHashMap::new();
                         let latest_ok = crate::client::wall_ms()
-                            .saturating_add(self.cfg.engine.max_clock_skew_ms);
+                            .saturating_add(self.cfg.engine.clock_skew_ms());
                         for (channel, s) in &saved {
                             // A state saved by a build that let a bad clock
                             // move event time would freeze the channel until
@@ -720,7 +720,7 @@ impl LoopState {
                 } else if crate::clock::is_ahead(
                     ev.event_time_ms,
                     wall,
-                    self.cfg.engine.max_clock_skew_ms,
+                    self.cfg.engine.clock_skew_ms(),
                 ) {
                     // Before dedup: a far-future time would expire every
                     // remembered id. The engine refuses it the same way.
