@@ -219,3 +219,88 @@ async fn redis_down_the_gateway_keeps_its_last_snapshot() {
         .await
     );
 }
+
+/// Fencing holds from the moment a new writer takes the epoch, before it
+/// publishes anything (a zombie's write in that window used to land).
+#[tokio::test]
+async fn a_writer_is_fenced_as_soon_as_a_newer_one_takes_the_epoch() {
+    let redis = RedisServer::start();
+    let mut old = RedisPublisher::new(&redis.url(), PublisherOptions::default()).unwrap();
+    let mut new = RedisPublisher::new(&redis.url(), PublisherOptions::default()).unwrap();
+    let (e_old, _) = old.take_epoch("chat").await.unwrap();
+    assert_eq!(
+        old.write(&snapshot(e_old, 1, 0.3)).await.unwrap(),
+        WriteOutcome::Written
+    );
+    let (e_new, stored) = new.take_epoch("chat").await.unwrap();
+    assert_eq!(e_new, e_old + 1);
+    assert_eq!(stored.map(|s| s.version), Some(1));
+    // The new writer is still warming up and has written nothing.
+    assert_eq!(
+        old.write(&snapshot(e_old, 2, 0.9)).await.unwrap(),
+        WriteOutcome::Stale {
+            stored_epoch: e_new,
+            stored_version: 0
+        }
+    );
+    assert_eq!(
+        new.write(&snapshot(e_new, 2, 0.5)).await.unwrap(),
+        WriteOutcome::Written
+    );
+}
+
+/// Redis loses its data and a different writer takes over: the epoch does
+/// not restart at 1 (gateways that saw a higher one would refuse every
+/// snapshot), so every gateway adopts the new writer's snapshots within one
+/// refresh.
+#[tokio::test]
+async fn after_redis_loses_its_data_gateways_follow_the_next_writer() {
+    let mut redis = RedisServer::start();
+    let opts = PublisherOptions {
+        max_attempts: 2,
+        backoff: Duration::from_millis(50),
+        ..PublisherOptions::default()
+    };
+    let mut first = RedisPublisher::new(&redis.url(), opts.clone()).unwrap();
+    // Several takeovers in the first dataset.
+    for _ in 0..2 {
+        first.take_epoch("chat").await.unwrap();
+    }
+    let (e1, _) = first.take_epoch("chat").await.unwrap();
+    assert!(
+        e1 > 1_000_000_000_000,
+        "a fresh dataset starts at the wall clock: {e1}"
+    );
+    first.write(&snapshot(e1, 40, 0.3)).await.unwrap();
+    let clients: Vec<WeightClient> = (0..3)
+        .map(|_| WeightClient::start(&redis.url(), "chat", fast_client()).unwrap())
+        .collect();
+    for c in &clients {
+        assert!(eventually(Duration::from_secs(5), || c.status().epoch == Some(e1)).await);
+    }
+
+    redis.kill();
+    redis.restart(); // empty: no persistence
+    let mut second = RedisPublisher::new(&redis.url(), opts).unwrap();
+    let mut taken = None;
+    for _ in 0..50 {
+        if let Ok(t) = second.take_epoch("chat").await {
+            taken = Some(t);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (e2, stored) = taken.expect("Redis is back");
+    assert!(stored.is_none(), "the data is gone");
+    assert!(e2 > e1, "epoch went backwards: {e2} after {e1}");
+    second.write(&snapshot(e2, 1, 0.7)).await.unwrap();
+    // One refresh is 500 ms here; allow reconnect backoff on top.
+    for c in &clients {
+        assert!(
+            eventually(Duration::from_secs(3), || c.status().epoch == Some(e2)).await,
+            "{:?}",
+            c.status()
+        );
+        assert_eq!(c.status().version, Some(1));
+    }
+}

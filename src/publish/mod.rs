@@ -125,15 +125,21 @@ impl WeightSnapshot {
     }
 }
 
-/// The fenced write. KEYS[1]: the snapshot key. ARGV: epoch, version,
-/// heartbeat_ms, snapshot JSON, change channel. Returns
-/// `{outcome, stored_epoch, stored_version}` with outcome one of `written`
-/// (new version stored and announced), `heartbeat` (same version, newer
-/// heartbeat stored), `unchanged`, `stale` (refused: older than stored).
+/// The fenced write. KEYS[1]: the snapshot key; KEYS[2]: the group's epoch
+/// key. ARGV: epoch, version, heartbeat_ms, snapshot JSON, change channel.
+/// Returns `{outcome, stored_epoch, stored_version}` with outcome one of
+/// `written` (new version stored and announced), `heartbeat` (same version,
+/// newer heartbeat stored), `unchanged`, `stale` (refused: older than what
+/// is stored, or than the epoch a newer writer has taken, even before that
+/// writer publishes anything).
 pub const FENCED_WRITE_LUA: &str = r#"
 local epoch = tonumber(ARGV[1])
 local version = tonumber(ARGV[2])
 local heartbeat = tonumber(ARGV[3])
+local taken = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if epoch < taken then
+  return {'stale', taken, 0}
+end
 local current = redis.call('GET', KEYS[1])
 if current then
   local ok, doc = pcall(cjson.decode, current)
@@ -156,6 +162,37 @@ end
 redis.call('SET', KEYS[1], ARGV[4])
 redis.call('PUBLISH', ARGV[5], ARGV[2])
 return {'written', epoch, version}
+"#;
+
+/// Takes the next writer epoch of a group. KEYS[1]: the epoch key; KEYS[2]:
+/// the snapshot key. ARGV[1]: the writer's wall clock in ms. Returns
+/// `{epoch, stored snapshot or false}`.
+///
+/// The epoch must never go backwards, or gateways that saw a higher one
+/// would refuse every later snapshot. `INCR` alone restarts at 1 when Redis
+/// comes back empty, so the first epoch of a key that does not exist is the
+/// wall clock in ms (later than every epoch of an earlier dataset, which
+/// grew by one per takeover from its own first wall-clock epoch), and an
+/// epoch is never at or below the stored snapshot's.
+pub const TAKE_EPOCH_LUA: &str = r#"
+local epoch
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  epoch = redis.call('INCR', KEYS[1])
+else
+  epoch = tonumber(ARGV[1])
+end
+local stored = redis.call('GET', KEYS[2])
+if stored then
+  local ok, doc = pcall(cjson.decode, stored)
+  if ok and type(doc) == 'table' then
+    local e = tonumber(doc['epoch']) or 0
+    if epoch <= e then
+      epoch = e + 1
+    end
+  end
+end
+redis.call('SET', KEYS[1], epoch)
+return {epoch, stored or false}
 "#;
 
 /// What a fenced write did.
@@ -194,10 +231,21 @@ impl WriteOutcome {
     }
 }
 
-/// What the fenced write does with `new` given the `stored` snapshot: the
+/// What the fenced write does with `new` given the epoch last taken and the
+/// `stored` snapshot: the
 /// same decision [`FENCED_WRITE_LUA`] makes in Redis, for the in-process
 /// store (the embedded demo) and as its executable specification.
-pub fn fenced_outcome(stored: Option<&WeightSnapshot>, new: &WeightSnapshot) -> WriteOutcome {
+pub fn fenced_outcome(
+    taken_epoch: u64,
+    stored: Option<&WeightSnapshot>,
+    new: &WeightSnapshot,
+) -> WriteOutcome {
+    if new.epoch < taken_epoch {
+        return WriteOutcome::Stale {
+            stored_epoch: taken_epoch,
+            stored_version: 0,
+        };
+    }
     let Some(cur) = stored else {
         return WriteOutcome::Written;
     };
@@ -241,7 +289,7 @@ impl InProcessStore {
     pub fn write(&self, snap: &WeightSnapshot) -> WriteOutcome {
         let mut g = self.lock();
         let e = g.entry(snap.group.clone()).or_default();
-        let outcome = fenced_outcome(e.1.as_ref(), snap);
+        let outcome = fenced_outcome(e.0, e.1.as_ref(), snap);
         if matches!(outcome, WriteOutcome::Written | WriteOutcome::Heartbeat) {
             e.1 = Some(snap.clone());
         }
@@ -292,15 +340,15 @@ mod tests {
         assert_eq!(st.write(&snap(1, 1, 20)), WriteOutcome::Unchanged);
         let (e2, stored) = st.take_epoch("chat");
         assert_eq!((e2, stored.map(|s| s.version)), (2, Some(1)));
+        // Fenced as soon as the epoch is taken, before the new writer writes.
+        let fenced = WriteOutcome::Stale {
+            stored_epoch: 2,
+            stored_version: 0,
+        };
+        assert_eq!(st.write(&snap(1, 2, 25)), fenced);
         assert_eq!(st.write(&snap(2, 2, 30)), WriteOutcome::Written);
         // The old writer is refused, whatever its version.
-        assert_eq!(
-            st.write(&snap(1, 9, 40)),
-            WriteOutcome::Stale {
-                stored_epoch: 2,
-                stored_version: 2
-            }
-        );
+        assert_eq!(st.write(&snap(1, 9, 40)), fenced);
         assert_eq!(st.get("chat").map(|s| (s.epoch, s.version)), Some((2, 2)));
     }
     use crate::config::Tier;

@@ -9,7 +9,7 @@
 
 use super::{
     changed_channel, epoch_key, redact_url, snapshot_key, WeightSnapshot, WriteOutcome,
-    FENCED_WRITE_LUA,
+    FENCED_WRITE_LUA, TAKE_EPOCH_LUA,
 };
 use std::time::Duration;
 
@@ -68,6 +68,7 @@ pub struct RedisPublisher {
     client: redis::Client,
     conn: Option<redis::aio::MultiplexedConnection>,
     script: redis::Script,
+    take_epoch_script: redis::Script,
     opts: PublisherOptions,
     url_for_logs: String,
 }
@@ -82,6 +83,7 @@ impl RedisPublisher {
             client,
             conn: None,
             script: redis::Script::new(FENCED_WRITE_LUA),
+            take_epoch_script: redis::Script::new(TAKE_EPOCH_LUA),
             opts,
             url_for_logs: redact_url(url),
         })
@@ -112,6 +114,7 @@ impl RedisPublisher {
         let reply: Result<(String, u64, u64), _> = self
             .script
             .key(snapshot_key(&snap.group))
+            .key(epoch_key(&snap.group))
             .arg(snap.epoch)
             .arg(snap.version)
             .arg(snap.heartbeat_ms)
@@ -134,20 +137,21 @@ impl RedisPublisher {
         }
     }
 
-    /// Takes the next writer epoch of a group (`INCR hermes:{G}:epoch`) and
-    /// reads the stored snapshot, so a new writer fences every older one
-    /// and continues its version numbers.
+    /// Takes the next writer epoch of a group ([`TAKE_EPOCH_LUA`]) and
+    /// reads the stored snapshot, so a new writer fences every older one at
+    /// once (the write script refuses epochs below the taken one) and
+    /// continues its version numbers.
     pub async fn take_epoch(
         &mut self,
         group: &str,
     ) -> Result<(u64, Option<WeightSnapshot>), PublishError> {
         let mut conn = self.connection().await?;
-        let r: Result<(u64, Option<String>), _> = redis::pipe()
-            .cmd("INCR")
-            .arg(epoch_key(group))
-            .cmd("GET")
-            .arg(snapshot_key(group))
-            .query_async(&mut conn)
+        let r: Result<(u64, Option<String>), _> = self
+            .take_epoch_script
+            .key(epoch_key(group))
+            .key(snapshot_key(group))
+            .arg(crate::client::wall_ms().max(1))
+            .invoke_async(&mut conn)
             .await;
         match r {
             Ok((epoch, stored)) => Ok((epoch, stored.and_then(|s| serde_json::from_str(&s).ok()))),
