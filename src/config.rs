@@ -905,6 +905,13 @@ pub struct AlertConfig {
     /// horizon, and an alert set under it would never fire (seen in the
     /// quota-cliff drill with 30 min).
     pub quota_alert_ms: i64,
+    /// DECODE_ERROR_SPIKE: raised (per dead-letter reason, deduplicated) when
+    /// that reason's share of the records read over `dead_letter_window_ms`
+    /// reaches this ...
+    pub dead_letter_share: f64,
+    /// ... once at least this many records were read in the window.
+    pub dead_letter_min_records: u32,
+    pub dead_letter_window_ms: i64,
 }
 
 impl Default for AlertConfig {
@@ -917,6 +924,9 @@ impl Default for AlertConfig {
             rate_limit_spike: 0.05,
             rate_limit_min_samples: 20,
             quota_alert_ms: 4_500_000,
+            dead_letter_share: 0.01,
+            dead_letter_min_records: 100,
+            dead_letter_window_ms: 60_000,
         }
     }
 }
@@ -1510,6 +1520,13 @@ fn validate_alerts(a: &AlertConfig, v: &mut Issues) {
     if a.probe_failures_p1 == 0 {
         v.push("alerts.probe_failures_p1", "must be at least 1");
     }
+    if !(a.dead_letter_share > 0.0 && a.dead_letter_share <= 1.0) {
+        v.push("alerts.dead_letter_share", "must be within (0, 1]");
+    }
+    v.positive_ms(
+        "alerts.dead_letter_window_ms".into(),
+        a.dead_letter_window_ms,
+    );
 }
 
 fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {

@@ -787,6 +787,30 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         Some(0.0),
         "a future stamp never made a good event late"
     );
+    // Half of the input is garbage: each reason crossed the dead-letter
+    // share and raised one DECODE_ERROR_SPIKE (deduplicated per reason).
+    let spikes: BTreeMap<String, u64> = read_topic(&kafka.bootstrap(), "hermes.alerts", 6)
+        .iter()
+        .filter_map(|m| hermes::alert::AlertEvent::from_avro(m.payload()?).ok())
+        .filter(|a| a.kind == hermes::alert::AlertKind::DecodeErrorSpike)
+        .fold(BTreeMap::new(), |mut acc, a| {
+            let reason = a.reason.split(['=', ',']).nth(1).unwrap_or("").to_string();
+            *acc.entry(reason).or_default() += 1;
+            acc
+        });
+    eprintln!("decode error spikes: {spikes:?}");
+    let reasons: Vec<&str> = spikes.keys().map(String::as_str).collect();
+    assert_eq!(
+        reasons,
+        [
+            "future_timestamp",
+            "invalid",
+            "malformed",
+            "truncated_datum",
+            "unknown_channel",
+            "unknown_schema_id"
+        ]
+    );
     assert_eq!(kinds.get("unknown_schema_id"), Some(&2_000));
     assert_eq!(kinds.get("truncated_datum"), Some(&2_000));
     assert_eq!(kinds.get("malformed"), Some(&2_000));

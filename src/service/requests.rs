@@ -327,6 +327,8 @@ struct LoopState {
     metrics: Arc<Metrics>,
     instance: String,
     stop: Arc<AtomicBool>,
+    /// DECODE_ERROR_SPIKE over every record this instance reads.
+    dead_letters: crate::alert::DeadLetterRule,
 }
 
 impl RequestLoop {
@@ -375,6 +377,7 @@ impl RequestLoop {
             .context("subscribing to the request topic")?;
         let registry =
             (!k.schema_registry_url.is_empty()).then(|| Registry::new(&k.schema_registry_url));
+        let dead_letters = crate::alert::DeadLetterRule::new(cfg.alerts.clone());
         Ok(RequestLoop {
             consumer,
             state: LoopState {
@@ -390,6 +393,7 @@ impl RequestLoop {
                 metrics,
                 instance,
                 stop,
+                dead_letters,
             },
         })
     }
@@ -757,9 +761,23 @@ impl LoopState {
                 _ => Err((e.kind(), e.to_string())),
             },
         };
-        if let Err((kind, reason)) = outcome {
+        if let Err((kind, reason)) = &outcome {
             if !replaying {
-                self.dead_letter(m, kind, &reason)?;
+                self.dead_letter(m, kind, reason)?;
+            }
+        }
+        if !replaying {
+            let dead = outcome.as_ref().err().map(|(kind, _)| *kind);
+            if let Some(spike) = self.dead_letters.record(crate::client::wall_ms(), dead) {
+                tracing::warn!(
+                    reason = spike.reason,
+                    share = spike.share,
+                    records = spike.records,
+                    "a share of the input is dead-lettered (DECODE_ERROR_SPIKE)"
+                );
+                if let Some(part) = self.partitions.get_mut(&p) {
+                    part.alerts.push(spike.alert);
+                }
             }
         }
         if !replaying {
