@@ -44,6 +44,11 @@ pub struct HealthReport {
     /// Event-time watermark of that partition.
     pub watermark_ms: i64,
     pub channels: Vec<ChannelHealth>,
+    /// Set when a channel of the report changed state: the wall time the
+    /// record behind the change was handled. The writer re-plans at once and
+    /// measures record → Redis write (`hermes_decision_publish_seconds`).
+    #[serde(default)]
+    pub changed_at_wall_ms: Option<i64>,
 }
 
 impl HealthReport {
@@ -81,6 +86,8 @@ struct GroupView {
     /// Channel states in the snapshot stored before this writer took over.
     previous_states: BTreeMap<String, String>,
     next_plan_ms: Option<i64>,
+    /// A reported state change not planned for yet (see `take_state_change`).
+    state_changed_at_ms: Option<i64>,
 }
 
 /// Why a group is not published yet.
@@ -121,10 +128,16 @@ impl GroupBoard {
             if h.group != g.id || !g.channels.iter().any(|c| c.id == h.id) {
                 continue;
             }
+            let prev_state = view.channels.get(&h.id).map(|e| e.health.state);
             let newer = view
                 .channels
                 .get(&h.id)
                 .is_none_or(|e| e.watermark_ms <= r.watermark_ms);
+            if newer && prev_state.is_some_and(|s| s != h.state) {
+                // The earliest change not yet planned for.
+                let at = r.changed_at_wall_ms.unwrap_or(wall_ms);
+                view.state_changed_at_ms = Some(view.state_changed_at_ms.map_or(at, |t| t.min(at)));
+            }
             if newer {
                 view.channels.insert(
                     h.id.clone(),
@@ -200,6 +213,23 @@ impl GroupBoard {
             .unwrap_or_default()
     }
 
+    /// If a channel of the group changed state since the last call: the
+    /// wall time the earliest such change was handled (its reporter's
+    /// clock), and the group's watermark to plan at. The writer re-plans
+    /// then without waiting for the next tick, so a drain reaches gateways
+    /// at once.
+    pub fn state_change_pending(&self, group: &str) -> bool {
+        self.groups
+            .get(group)
+            .is_some_and(|v| v.state_changed_at_ms.is_some())
+    }
+
+    pub fn take_state_change(&mut self, group: &str) -> Option<(i64, i64)> {
+        let view = self.groups.get_mut(group)?;
+        let at = view.state_changed_at_ms.take()?;
+        Some((at, view.watermark_ms?))
+    }
+
     /// If the group's watermark crossed its next evaluation tick, the tick
     /// to plan at (once per tick, as the single-process pipeline does).
     pub fn plan_due(&mut self, cfg: &Config, group: &str) -> Option<i64> {
@@ -251,7 +281,35 @@ mod tests {
             partition,
             watermark_ms,
             channels,
+            changed_at_wall_ms: None,
         }
+    }
+
+    #[test]
+    fn a_state_change_is_flagged_for_an_immediate_plan() {
+        let c = cfg();
+        let mut b = GroupBoard::new();
+        b.on_report(
+            &c,
+            report(0, 5_000, vec![health("free", StateKind::Healthy)]),
+            100,
+        );
+        assert!(
+            !b.state_change_pending("chat"),
+            "a first report is no change"
+        );
+        b.on_report(
+            &c,
+            report(0, 6_000, vec![health("free", StateKind::Healthy)]),
+            200,
+        );
+        assert_eq!(b.take_state_change("chat"), None);
+        let mut drained = report(0, 7_300, vec![health("free", StateKind::Drained)]);
+        drained.changed_at_wall_ms = Some(290);
+        b.on_report(&c, drained, 300);
+        assert!(b.state_change_pending("chat"));
+        assert_eq!(b.take_state_change("chat"), Some((290, 7_300)));
+        assert_eq!(b.take_state_change("chat"), None, "taken once");
     }
 
     #[test]

@@ -445,6 +445,19 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
         |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
     );
     eprintln!("drained in Redis {drained:?} after the fault began");
+    // Hermes' own share of it is measured: the record that drained free-a
+    // handled → the snapshot carrying it acknowledged by Redis.
+    let decisions = hermes
+        .metric("hermes_decision_publish_seconds_count")
+        .unwrap_or(0.0);
+    assert!(decisions >= 1.0, "the drain is timed");
+    eprintln!(
+        "hermes_decision_publish_seconds: {} decisions, {:.3} s in all",
+        decisions,
+        hermes
+            .metric("hermes_decision_publish_seconds_sum")
+            .unwrap_or(f64::NAN)
+    );
 
     std::thread::sleep(Duration::from_secs(3));
     gw.set("free-a", HEALTHY);

@@ -88,6 +88,9 @@ struct Writer {
     /// Refused as stale: another writer owns the group.
     fenced: bool,
     planned: bool,
+    /// Wall time a reported state change was handled, until the snapshot
+    /// that carries it is written (`hermes_decision_publish_seconds`).
+    change_at_ms: Option<i64>,
 }
 
 /// The Redis sink of a config.
@@ -104,6 +107,9 @@ fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
         // Required by librdkafka; no membership (plain assignment).
         .set("group.id", format!("{}-health-readers", k.group_id))
         .set("enable.auto.commit", "false")
+        // Reports are few and a drain is in one: a broker that holds an
+        // empty fetch for the default 500 ms would add that to every drain.
+        .set("fetch.wait.max.ms", "10")
         .create()?;
     let md = consumer.fetch_metadata(Some(&k.health_topic), Duration::from_secs(10))?;
     let topic = md
@@ -149,13 +155,18 @@ pub async fn run(
                         if !board.on_report(&cfg, r, crate::client::wall_ms()) {
                             tracing::debug!(%group, "health report for a group not in the config");
                         }
+                        // A state change is planned and published now, not
+                        // at the next round.
+                        if !(writers.contains_key(&group) && board.state_change_pending(&group)) {
+                            continue;
+                        }
                     }
                     Some(Err(e)) => {
                         tracing::warn!(partition = m.partition(), offset = m.offset(), error = %e, "unreadable health report skipped");
+                        continue;
                     }
-                    None => {}
+                    None => continue,
                 }
-                continue;
             }
             _ = round.tick() => {}
         }
@@ -185,6 +196,7 @@ pub async fn run(
                             last_write_ms: 0,
                             fenced: false,
                             planned: false,
+                            change_at_ms: None,
                         },
                     );
                 }
@@ -240,14 +252,25 @@ pub async fn run(
                     continue;
                 }
             }
+            let change = board.take_state_change(&group);
             if let Some(tick) = board.plan_due(&cfg, &group) {
                 scheduler.plan_group(gi, tick, &board.health(&group), true);
                 w.planned = true;
+            } else if let Some((_, watermark)) = change {
+                scheduler.plan_group(gi, watermark, &board.health(&group), true);
+                w.planned = true;
+            }
+            if let Some((at, _)) = change {
+                w.change_at_ms = Some(w.change_at_ms.map_or(at, |t| t.min(at)));
             }
             let Some(plan) = scheduler.plan(&group).filter(|_| w.planned) else {
                 continue;
             };
             let changed = w.plan_version != Some(plan.version);
+            if !changed {
+                // The change moved no weight: there is no decision to time.
+                w.change_at_ms = None;
+            }
             let heartbeat_due = now - w.last_write_ms >= cfg.service.heartbeat_ms;
             if !changed && !heartbeat_due {
                 continue;
@@ -265,6 +288,11 @@ pub async fn run(
                 Ok(outcome) => {
                     if outcome == WriteOutcome::Written {
                         Metrics::inc(&metrics.snapshots_written);
+                        if let Some(at) = w.change_at_ms.take() {
+                            metrics
+                                .decision_publish
+                                .observe_ms(crate::client::wall_ms() - at);
+                        }
                     } else {
                         Metrics::inc(&metrics.snapshot_heartbeats);
                     }

@@ -33,8 +33,70 @@ pub struct GroupGauges {
     pub waiting_for: Vec<String>,
 }
 
+/// A Prometheus histogram of durations, in seconds.
+pub struct Histogram {
+    /// Upper bounds in milliseconds (the `le` labels, in seconds).
+    bounds_ms: &'static [i64],
+    counts: Vec<AtomicU64>,
+    sum_ms: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds_ms: &'static [i64]) -> Histogram {
+        Histogram {
+            bounds_ms,
+            counts: bounds_ms.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_ms: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one duration (negative: a clock step between instances; 0).
+    pub fn observe_ms(&self, ms: i64) {
+        let ms = ms.max(0);
+        for (b, c) in self.bounds_ms.iter().zip(&self.counts) {
+            if ms <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_ms.fetch_add(ms as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds_ms.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{}\"}} {}",
+                *b as f64 / 1000.0,
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let n = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let sum = self.sum_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+    }
+}
+
+/// Buckets of `hermes_decision_publish_seconds` (ms).
+const DECISION_BUCKETS_MS: &[i64] = &[5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(DECISION_BUCKETS_MS)
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
+    /// Record that changed a channel's state handled → the snapshot
+    /// carrying it acknowledged by Redis (Hermes' own share of a drain's
+    /// path to the gateways).
+    pub decision_publish: Histogram,
     pub events_consumed: AtomicU64,
     pub events_applied: AtomicU64,
     pub events_replayed: AtomicU64,
@@ -221,6 +283,11 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        self.decision_publish.render(
+            "hermes_decision_publish_seconds",
+            "From handling the record that changed a channel's state to Redis acknowledging the snapshot that carries it.",
+            &mut s,
+        );
         let _ = writeln!(s, "# HELP hermes_dead_letters_total Records sent to the dead-letter topic, by reason kind.\n# TYPE hermes_dead_letters_total counter");
         for (k, n) in lock(&self.dead_letters).iter() {
             let _ = writeln!(s, "hermes_dead_letters_total{{kind=\"{k}\"}} {n}");

@@ -859,6 +859,13 @@ impl LoopState {
             return Ok(());
         };
         let replaying = part.replaying();
+        // A state change between ticks (the consecutive-failure fast path)
+        // is reported at once, not at the next tick: a drain must reach
+        // gateways in well under a second.
+        let changed = part
+            .alerts
+            .iter()
+            .any(|a| a.kind == crate::alert::AlertKind::Transition);
         for a in part.alerts.drain(..) {
             if replaying {
                 continue; // the previous owner produced these
@@ -877,10 +884,11 @@ impl LoopState {
             Metrics::inc(&self.metrics.alerts_produced);
         }
         let evaluations = part.engine.stats().evaluations;
-        if evaluations == part.evaluations {
+        if evaluations == part.evaluations && !changed {
             return Ok(());
         }
         part.evaluations = evaluations;
+        let changed_at_wall_ms = changed.then(crate::client::wall_ms);
         let Some(watermark) = part.engine.watermark_ms() else {
             return Ok(());
         };
@@ -931,6 +939,7 @@ impl LoopState {
                 partition: p,
                 watermark_ms: watermark,
                 channels,
+                changed_at_wall_ms,
             };
             let bytes = report.to_json();
             let rec = BaseRecord::to(&self.cfg.kafka.health_topic)
