@@ -610,18 +610,27 @@ impl Engine {
     fn judge_groups(&mut self, now: i64, due: &[usize], out: &mut Vec<AlertEvent>) {
         let window_ms = self.cfg.safety.correlation_window_ms;
         // One pass over the evaluated channels, grouped (not one per group).
+        // The share is of the group's whole capacity: a partition engine
+        // that carries two of a group's ten channels must not call the
+        // group down when those two fail. Channels this engine does not
+        // evaluate count as not bad here; the group writer judges again
+        // with every channel's report.
         let mut peers: Vec<Vec<PeerHealth>> = vec![Vec::new(); self.safety.len()];
+        let mut evaluated = vec![false; self.channels.len()];
         for &i in due {
-            let ch = &self.channels[i];
+            evaluated[i] = true;
+        }
+        for (i, ch) in self.channels.iter().enumerate() {
             peers[ch.group_idx].push(PeerHealth {
                 capacity_rps: ch.cfg.capacity_rps,
-                bad: crate::safety::is_bad(
-                    ch.score.map(|s| s.value),
-                    ch.cfg.policy.states.at_risk_enter,
-                    ch.machine.incident_since_ms(),
-                    now,
-                    window_ms,
-                ),
+                bad: evaluated[i]
+                    && crate::safety::is_bad(
+                        ch.score.map(|s| s.value),
+                        ch.cfg.policy.states.at_risk_enter,
+                        ch.machine.incident_since_ms(),
+                        now,
+                        window_ms,
+                    ),
                 pinned: ch.machine.pin().is_some(),
             });
         }
@@ -1180,6 +1189,52 @@ mod tests {
         e.apply(&from("gw-a", "free-a", far), &mut out).unwrap();
         e.advance_to(far + 3_600_000, &mut out);
         assert!(e.stats().evaluations < 1_000, "{}", e.stats().evaluations);
+    }
+
+    #[test]
+    fn a_partition_carrying_two_of_a_groups_channels_still_drains_them() {
+        // Two small channels of a group whose capacity sits elsewhere: both
+        // failing is 2 of 10 capacity units, not a group-wide failure.
+        let cfg = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 100.0),
+                ("free-b", Tier::Free, 0.0, 100.0),
+                ("paid-a", Tier::Paid, 1.0, 400.0),
+                ("paid-b", Tier::Paid, 1.0, 400.0),
+            ],
+        ));
+        let mut e = Engine::for_partition(cfg);
+        let mut out = Vec::new();
+        let mut t = T0;
+        while t < T0 + 90_000 {
+            e.apply(&ev("free-a", t), &mut out).unwrap();
+            e.apply(&ev("free-b", t), &mut out).unwrap();
+            t += 50;
+        }
+        for (ch, start) in [("free-a", t), ("free-b", t + 5_000)] {
+            let mut tt = start;
+            while tt < start + 1_000 {
+                let mut bad = ev(ch, tt);
+                bad.error_class = ErrorClass::ServerError;
+                bad.http_status = 503;
+                e.apply(&bad, &mut out).unwrap();
+                let other = if ch == "free-a" { "free-b" } else { "free-a" };
+                let _ = e.apply(&ev(other, tt), &mut out);
+                tt += 50;
+            }
+        }
+        // Ticks after both drains: the group rule runs with both bad.
+        e.advance_to(t + 20_000, &mut out);
+        for ch in ["free-a", "free-b"] {
+            let m = e.machine(e.channel_index(ch).unwrap());
+            assert_eq!(m.kind(), StateKind::Drained, "{ch}");
+        }
+        assert!(
+            !out.iter()
+                .any(|a| a.kind == crate::alert::AlertKind::CorrelatedFailure),
+            "no panic mode"
+        );
     }
 
     #[test]

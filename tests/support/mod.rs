@@ -189,6 +189,14 @@ impl Drop for Tansu {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
+            // The log, not the data: a loaded broker's SQLite file runs to
+            // gigabytes.
+            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                if e.file_name() != "broker.log" {
+                    let _ = std::fs::remove_file(e.path());
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
             eprintln!("tansu log kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
