@@ -18,7 +18,6 @@
 //! both); skips with a message otherwise. Not a timed test: the machine is
 //! shared, so read the numbers, do not assert them.
 
-#[allow(dead_code)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 
