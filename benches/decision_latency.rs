@@ -22,14 +22,14 @@
 mod support;
 
 use hermes::codec::Encoder;
-use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+
 use hermes::publish::{snapshot_key, WeightSnapshot};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{free_port, Hermes, RedisServer, Tansu};
+use support::{event, free_port, Hermes, RedisServer, Tansu};
 
 const TRIAL_CHANNELS: usize = 8;
 const PARTITIONS: u32 = 4;
@@ -59,46 +59,6 @@ fn config(brokers: &str, redis: &str, port: u16) -> String {
         ));
     }
     text
-}
-
-fn wall_ms() -> i64 {
-    hermes::client::wall_ms()
-}
-
-fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
-    RequestEvent {
-        event_id: id,
-        event_time_ms: wall_ms(),
-        gateway_id: "bench-gw",
-        channel_id: channel,
-        route_group: "chat",
-        model: "m",
-        traffic_class: TrafficClass::ALL[(seq % 4) as usize],
-        attempt: 0,
-        http_status: if failing { 503 } else { 200 },
-        error_class: if failing {
-            ErrorClass::ServerError
-        } else {
-            ErrorClass::None
-        },
-        latency_ms: 300 + (seq % 200) as i32,
-        ttfb_ms: Some(80),
-        input_tokens: 500,
-        output_tokens: if failing { 0 } else { 400 },
-        finish_reason: if failing {
-            FinishReason::Error
-        } else {
-            FinishReason::Stop
-        },
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        is_probe: false,
-        cost: 0.0,
-        quota_remaining: None,
-        trace_id: None,
-        dispatch: Dispatch::Sent,
-    }
 }
 
 /// Times the broker's acknowledgement of each channel's first failing event

@@ -21,7 +21,7 @@
 
 use hermes::client::{ClientOptions, Pick, WeightClient};
 use hermes::codec::Encoder;
-use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use hermes::event::{Dispatch, RequestEvent, TrafficClass, Unsent};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
@@ -35,41 +35,6 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// The event for a request the gateway did not send.
-fn unsent<'a>(
-    id: &'a str,
-    channel: &'a str,
-    group: &'a str,
-    class: TrafficClass,
-    how: Dispatch,
-) -> RequestEvent<'a> {
-    RequestEvent {
-        event_id: id,
-        event_time_ms: hermes::client::wall_ms(),
-        gateway_id: "example-gw",
-        channel_id: channel,
-        route_group: group,
-        model: "",
-        traffic_class: class,
-        attempt: 0,
-        http_status: 0,
-        error_class: ErrorClass::None,
-        latency_ms: 0,
-        ttfb_ms: None,
-        input_tokens: 0,
-        output_tokens: 0,
-        finish_reason: FinishReason::Unknown,
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        is_probe: false,
-        cost: 0.0,
-        quota_remaining: None,
-        trace_id: None,
-        dispatch: how,
     }
 }
 
@@ -124,7 +89,17 @@ async fn main() -> anyhow::Result<()> {
                 seq += 1;
                 let id = format!("example-unsent-{seq}");
                 buf.clear();
-                encoder.encode_plain(&unsent(&id, channel, group, *class, how), &mut buf)?;
+                let ev = RequestEvent::unsent(Unsent {
+                    event_id: &id,
+                    event_time_ms: hermes::client::wall_ms(),
+                    gateway_id: "example-gw",
+                    channel_id: channel,
+                    route_group: group,
+                    traffic_class: *class,
+                    attempt: 0,
+                    dispatch: how,
+                });
+                encoder.encode_plain(&ev, &mut buf)?;
                 reported += 1;
                 if let Some(p) = &producer {
                     // Fire and forget: a lost demand report only blurs an

@@ -22,7 +22,7 @@ use crate::publish::{InProcessStore, WeightSnapshot};
 use crate::service::metrics::Metrics;
 use crate::service::{Service, Store};
 use crate::sim::scenario::{Behavior, Scenario};
-use crate::sim::{answer, unsent_event, Request, Rng};
+use crate::sim::{answer, Request, Rng};
 use anyhow::{anyhow, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -187,16 +187,16 @@ async fn gateways(
                 if let (Some(how), Some(key)) = (unsent, table.unsent_channel(class, u1, u2)) {
                     seq += 1;
                     let id = format!("demo-unsent-{seq}");
-                    let ev = unsent_event(
-                        &id,
-                        crate::client::wall_ms(),
-                        key,
-                        &sc.gateway.group,
-                        "demo-gw",
-                        class,
-                        0,
-                        how,
-                    );
+                    let ev = crate::event::RequestEvent::unsent(crate::event::Unsent {
+                        event_id: &id,
+                        event_time_ms: crate::client::wall_ms(),
+                        gateway_id: "demo-gw",
+                        channel_id: key,
+                        route_group: &sc.gateway.group,
+                        traffic_class: class,
+                        attempt: 0,
+                        dispatch: how,
+                    });
                     buf.clear();
                     if encoder.encode_plain(&ev, &mut buf).is_ok()
                         && producer

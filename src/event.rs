@@ -217,3 +217,50 @@ impl RequestEvent<'_> {
         self.dispatch == Dispatch::Sent
     }
 }
+
+/// Who reports a request that was not sent, and where it was meant to go.
+#[derive(Debug, Clone, Copy)]
+pub struct Unsent<'a> {
+    pub event_id: &'a str,
+    pub event_time_ms: i64,
+    pub gateway_id: &'a str,
+    /// The channel the weights would have picked (the schema's rule).
+    pub channel_id: &'a str,
+    pub route_group: &'a str,
+    pub traffic_class: TrafficClass,
+    pub attempt: i32,
+    /// SHED or NO_CHANNEL.
+    pub dispatch: Dispatch,
+}
+
+impl<'a> RequestEvent<'a> {
+    /// The demand-only event a gateway emits for a request it did not send:
+    /// no status, latency, tokens or cost (Hermes ignores them anyway).
+    pub fn unsent(u: Unsent<'a>) -> RequestEvent<'a> {
+        RequestEvent {
+            event_id: u.event_id,
+            event_time_ms: u.event_time_ms,
+            gateway_id: u.gateway_id,
+            channel_id: u.channel_id,
+            route_group: u.route_group,
+            model: "",
+            traffic_class: u.traffic_class,
+            attempt: u.attempt,
+            http_status: 0,
+            error_class: ErrorClass::None,
+            latency_ms: 0,
+            ttfb_ms: None,
+            input_tokens: 0,
+            output_tokens: 0,
+            finish_reason: FinishReason::Unknown,
+            truncated: false,
+            schema_valid: None,
+            replacement_chars: 0,
+            is_probe: false,
+            cost: 0.0,
+            quota_remaining: None,
+            trace_id: None,
+            dispatch: u.dispatch,
+        }
+    }
+}

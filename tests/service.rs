@@ -6,7 +6,6 @@ mod support;
 
 use hermes::alert::{AlertEvent, AlertKind};
 use hermes::codec::Encoder;
-use hermes::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use hermes::publish::{snapshot_key, WeightSnapshot};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -16,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{free_port, Hermes, RedisServer, Tansu};
+use support::{event, free_port, Hermes, RedisServer, Tansu};
 
 const TOPICS: &[(&str, u32)] = &[
     ("hermes.requests", 3),
@@ -186,47 +185,6 @@ impl Drop for Gateway {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
-    RequestEvent {
-        event_id: id,
-        event_time_ms: wall_ms(),
-        gateway_id: "gw-test",
-        channel_id: channel,
-        route_group: "chat",
-        model: "m",
-        traffic_class: match seq % 4 {
-            0 => TrafficClass::Interactive,
-            1 => TrafficClass::Core,
-            2 => TrafficClass::Batch,
-            _ => TrafficClass::Experimental,
-        },
-        attempt: 0,
-        http_status: if failing { 503 } else { 200 },
-        error_class: if failing {
-            ErrorClass::ServerError
-        } else {
-            ErrorClass::None
-        },
-        latency_ms: 300 + (seq % 200) as i32,
-        ttfb_ms: Some(80),
-        input_tokens: 500,
-        output_tokens: if failing { 0 } else { 400 },
-        finish_reason: if failing {
-            FinishReason::Error
-        } else {
-            FinishReason::Stop
-        },
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        is_probe: false,
-        cost: 0.0,
-        quota_remaining: None,
-        trace_id: None,
-        dispatch: hermes::event::Dispatch::Sent,
     }
 }
 

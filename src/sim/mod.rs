@@ -548,45 +548,6 @@ impl Emitter<'_> {
     }
 }
 
-/// The event a gateway emits for a request it did not send.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn unsent_event<'a>(
-    event_id: &'a str,
-    t_ms: i64,
-    channel_id: &'a str,
-    route_group: &'a str,
-    gateway_id: &'a str,
-    class: TrafficClass,
-    attempt: i32,
-    dispatch: Dispatch,
-) -> RequestEvent<'a> {
-    RequestEvent {
-        event_id,
-        event_time_ms: t_ms,
-        gateway_id,
-        channel_id,
-        route_group,
-        model: "sim-model",
-        traffic_class: class,
-        attempt,
-        http_status: 0,
-        error_class: ErrorClass::None,
-        latency_ms: 0,
-        ttfb_ms: None,
-        input_tokens: 0,
-        output_tokens: 0,
-        finish_reason: FinishReason::Unknown,
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        is_probe: false,
-        cost: 0.0,
-        quota_remaining: None,
-        trace_id: None,
-        dispatch,
-    }
-}
-
 /// Runs one scenario once. `record` collects every encoded event.
 pub fn run(
     sc: &Scenario,
@@ -658,16 +619,16 @@ pub fn run(
         if sc.gateway.report_unsent {
             *seq += 1;
             let id = format!("sim-unsent-{seq}");
-            let ev = unsent_event(
-                &id,
-                t_ms,
-                &sc.channels[j].id,
-                &sc.gateway.group,
-                "sim-gw",
-                class,
+            let ev = RequestEvent::unsent(crate::event::Unsent {
+                event_id: &id,
+                event_time_ms: t_ms,
+                gateway_id: "sim-gw",
+                channel_id: &sc.channels[j].id,
+                route_group: &sc.gateway.group,
+                traffic_class: class,
                 attempt,
-                how,
-            );
+                dispatch: how,
+            });
             emitter.emit(&ev, pipeline, result);
         }
     };

@@ -1,6 +1,7 @@
 //! Test fixtures: real servers on free loopback ports, stopped by PID.
 #![allow(dead_code)]
 
+use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -272,5 +273,48 @@ impl Hermes {
 impl Drop for Hermes {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A synthetic gateway's attempt: healthy (HTTP 200, 400 output tokens) or
+/// failing (HTTP 503), stamped now, class by `seq`.
+pub fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
+    RequestEvent {
+        event_id: id,
+        event_time_ms: hermes::client::wall_ms(),
+        gateway_id: "gw-test",
+        channel_id: channel,
+        route_group: "chat",
+        model: "m",
+        traffic_class: match seq % 4 {
+            0 => TrafficClass::Interactive,
+            1 => TrafficClass::Core,
+            2 => TrafficClass::Batch,
+            _ => TrafficClass::Experimental,
+        },
+        attempt: 0,
+        http_status: if failing { 503 } else { 200 },
+        error_class: if failing {
+            ErrorClass::ServerError
+        } else {
+            ErrorClass::None
+        },
+        latency_ms: 300 + (seq % 200) as i32,
+        ttfb_ms: Some(80),
+        input_tokens: 500,
+        output_tokens: if failing { 0 } else { 400 },
+        finish_reason: if failing {
+            FinishReason::Error
+        } else {
+            FinishReason::Stop
+        },
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        is_probe: false,
+        cost: 0.0,
+        quota_remaining: None,
+        trace_id: None,
+        dispatch: Dispatch::Sent,
     }
 }
