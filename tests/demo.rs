@@ -16,7 +16,9 @@ id = "free-a"
 tier = "free"
 capacity_rps = 30
 [[channels.faults]]
-start_s = 6
+# After the first snapshot (about 6 s in): the gateways see a healthy table
+# first, then the drain, published the moment it is decided.
+start_s = 9
 end_s = 60
 refuse_all = true
 [[channels]]
