@@ -715,10 +715,12 @@ impl LoopState {
             Some(r) => &r.cache,
             None => &NoRegistry,
         };
+        // One wall-clock read per record: the clock check and the
+        // dead-letter share both use it.
+        let wall = crate::client::wall_ms();
         let outcome: Result<(), (&'static str, String)> = match decoder.decode(payload, lookup) {
             Ok(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
-                let wall = crate::client::wall_ms();
                 if replaying && ev.event_time_ms < part.replay_floor_ms {
                     Ok(())
                 } else if crate::clock::is_ahead(
@@ -768,7 +770,7 @@ impl LoopState {
         }
         if !replaying {
             let dead = outcome.as_ref().err().map(|(kind, _)| *kind);
-            if let Some(spike) = self.dead_letters.record(crate::client::wall_ms(), dead) {
+            if let Some(spike) = self.dead_letters.record(wall, dead) {
                 tracing::warn!(
                     reason = spike.reason,
                     share = spike.share,
