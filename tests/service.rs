@@ -306,9 +306,19 @@ fn read_topic(
     // take longer than the whole read while Hermes keeps the broker busy
     // (seen: 0 of 10 000 dead letters read back). Every partition from the
     // beginning needs no group at all.
-    let meta = c
-        .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .unwrap();
+    // A broker loaded by the test may miss one metadata deadline (seen in
+    // CI); three tries before the test gives up on it.
+    let meta = (0..3)
+        .find_map(
+            |attempt| match c.fetch_metadata(Some(topic), Duration::from_secs(30)) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    eprintln!("metadata for {topic}, attempt {}: {e}", attempt + 1);
+                    None
+                }
+            },
+        )
+        .unwrap_or_else(|| panic!("no metadata for {topic} in three tries"));
     let mut tpl = rdkafka::TopicPartitionList::new();
     for t in meta.topics() {
         for p in t.partitions() {

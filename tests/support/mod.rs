@@ -145,7 +145,13 @@ impl Tansu {
                 "--storage-engine",
                 "sqlite://tansu.db",
             ])
-            .env("RUST_LOG", "info")
+            // Warnings only: at `info` tansu traces every span of every
+            // request (a gigabyte of log per service test, and a busy core
+            // spent writing it). HERMES_TEST_TANSU_LOG=info brings it back.
+            .env(
+                "RUST_LOG",
+                std::env::var("HERMES_TEST_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(log.try_clone().expect("broker log"))
             .stderr(log)
             .spawn()
