@@ -5,6 +5,7 @@
 //! requests after retries, shed counted as failed, against static weights on
 //! the same traffic.
 
+use hermes::alert::AlertEvent;
 use hermes::config::Config;
 use hermes::sim::report::{ChannelReport, Report};
 use hermes::sim::scenario::Scenario;
@@ -21,21 +22,89 @@ fn load(name: &str) -> Scenario {
 
 /// One report per seed; seeds run on their own threads.
 fn drills(sc: &Scenario, seeds: &[u64]) -> Vec<Report> {
+    runs(sc, seeds).into_iter().map(|(r, _)| r).collect()
+}
+
+/// Each seed's report and the Hermes run's alerts, in order.
+fn runs(sc: &Scenario, seeds: &[u64]) -> Vec<(Report, Vec<AlertEvent>)> {
     let cfg = Arc::new(Config::from_toml(&sc.hermes_config_text(None).unwrap()).unwrap());
     std::thread::scope(|s| {
         let runs: Vec<_> = seeds
             .iter()
             .map(|&seed| {
                 let cfg = cfg.clone();
-                s.spawn(move || hermes::sim::drill(sc, cfg, seed, None).0)
+                s.spawn(move || {
+                    let (report, run) = hermes::sim::drill(sc, cfg, seed, None);
+                    (report, run.alerts)
+                })
             })
             .collect();
         runs.into_iter().map(|r| r.join().expect("drill")).collect()
     })
 }
 
+/// The drill on five seeds, the first three checked against their goldens.
 fn five(sc: &Scenario) -> Vec<Report> {
-    drills(sc, &[sc.seed, 101, 202, 303, 404])
+    golden(&sc.name, runs(sc, &[sc.seed, 101, 202, 303, 404]))
+}
+
+/// Proof that a change moved no decision: the report and every alert of
+/// the first three seeds must equal `tests/goldens/<label>-<seed>.json`
+/// byte for byte. `HERMES_BLESS=1 cargo test --test scenarios` rewrites
+/// them; a commit that does so says why each difference is right.
+fn golden(label: &str, runs: Vec<(Report, Vec<AlertEvent>)>) -> Vec<Report> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens");
+    let bless = std::env::var_os("HERMES_BLESS").is_some();
+    for (report, alerts) in runs.iter().take(3) {
+        let trail: Vec<String> = alerts
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} {:?} {}/{} {}->{} w={:?} score={} {}",
+                    a.event_time_ms,
+                    a.kind,
+                    a.route_group,
+                    a.channel_id.as_deref().unwrap_or("-"),
+                    a.from_state.as_deref().unwrap_or("-"),
+                    a.to_state.as_deref().unwrap_or("-"),
+                    a.weight,
+                    a.score.map_or("-".to_string(), |s| format!("{s:.3}")),
+                    a.reason
+                )
+            })
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({
+            "report": report,
+            "alerts": trail,
+        }))
+        .unwrap()
+            + "\n";
+        let path = dir.join(format!("{label}-{}.json", report.seed));
+        if bless {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &text).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (HERMES_BLESS=1 writes it)", path.display())
+        });
+        if want != text {
+            let first = want
+                .lines()
+                .zip(text.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(want.lines().count().min(text.lines().count()));
+            panic!(
+                "{label} seed {}: differs from {} at line {}:\n  golden: {}\n  now:    {}",
+                report.seed,
+                path.display(),
+                first + 1,
+                want.lines().nth(first).unwrap_or("<end>"),
+                text.lines().nth(first).unwrap_or("<end>")
+            );
+        }
+    }
+    runs.into_iter().map(|(r, _)| r).collect()
 }
 
 fn faulty(r: &Report) -> impl Iterator<Item = &ChannelReport> {
@@ -314,8 +383,9 @@ fn a_quota_running_out_is_planned_down_before_the_cliff() {
     // the attempts against the configured quota itself.
     let mut counted = reported.clone();
     counted.channels[0].report_quota = false;
-    for sc in [&reported, &counted] {
-        for r in five(sc) {
+    for (label, sc) in [("quota-cliff", &reported), ("quota-cliff-counted", &counted)] {
+        let seeds = [sc.seed, 101, 202, 303, 404];
+        for r in golden(label, runs(sc, &seeds)) {
             let why = format!(
                 "report_quota={} seed {}",
                 sc.channels[0].report_quota, r.seed
@@ -383,7 +453,7 @@ fn healthy_day(r: &Report) {
 fn a_healthy_day_is_left_alone_on_ten_seeds_first_half() {
     let sc = load("healthy-noise");
     assert_eq!(sc.duration_s, 86_400.0, "24 hours");
-    for r in drills(&sc, &[sc.seed, 1, 2, 3, 4]) {
+    for r in golden(&sc.name, runs(&sc, &[sc.seed, 1, 2, 3, 4])) {
         healthy_day(&r);
     }
 }
