@@ -14,8 +14,8 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use hermes::codec::{Decoder, Encoder, NoRegistry, WireFormat, REQUEST_EVENT_SCHEMA_JSON};
 use hermes::config::Config;
+use hermes::engine::Engine;
 use hermes::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use hermes::pipeline::Engine;
 use std::hint::black_box;
 use std::sync::Arc;
 

@@ -19,9 +19,10 @@
 //! A real gateway emits one event per attempt it makes as well; this example
 //! makes no upstream calls, so it has none to report.
 
-use hermes::client::{ClientOptions, Pick, WeightClient};
+use hermes::client::{ClientOptions, WeightClient};
 use hermes::codec::Encoder;
 use hermes::event::{Dispatch, RequestEvent, TrafficClass, Unsent};
+use hermes::routing::Pick;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
@@ -91,7 +92,7 @@ async fn main() -> anyhow::Result<()> {
                 buf.clear();
                 let ev = RequestEvent::unsent(Unsent {
                     event_id: &id,
-                    event_time_ms: hermes::client::wall_ms(),
+                    event_time_ms: hermes::wall_clock::now_ms(),
                     gateway_id: "example-gw",
                     channel_id: channel,
                     route_group: group,

@@ -11,134 +11,12 @@
 //! with backoff and the last table keeps serving (fail static);
 //! [`WeightClient::status`] reports its age so the gateway can alarm.
 
-use crate::event::TrafficClass;
 use crate::publish::{changed_channel, redact_url, snapshot_key, WeightSnapshot};
+use crate::routing::RoutingTable;
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-
-/// Walker/Vose alias table: O(n) to build, O(1) to sample.
-#[derive(Debug, Clone)]
-struct AliasTable {
-    channels: Vec<String>,
-    prob: Vec<f64>,
-    alias: Vec<usize>,
-}
-
-impl AliasTable {
-    fn new(weights: &[(String, f64)]) -> Option<AliasTable> {
-        let positive: Vec<&(String, f64)> = weights
-            .iter()
-            .filter(|(_, w)| *w > 0.0 && w.is_finite())
-            .collect();
-        let total: f64 = positive.iter().map(|(_, w)| w).sum();
-        if positive.is_empty() || total <= 0.0 {
-            return None;
-        }
-        let n = positive.len();
-        let mut scaled: Vec<f64> = positive.iter().map(|(_, w)| w / total * n as f64).collect();
-        let mut prob = vec![0.0; n];
-        let mut alias = vec![0; n];
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-            (0..n).partition(|i| scaled[*i] < 1.0);
-        // Peek both stacks before popping: popping `small` while `large` is
-        // empty would drop an entry (float error can leave a last "large"
-        // entry at 0.999…, moving it to `small` with nothing left to pair).
-        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
-            small.pop();
-            prob[s] = scaled[s];
-            alias[s] = l;
-            scaled[l] -= 1.0 - scaled[s];
-            if scaled[l] < 1.0 {
-                large.pop();
-                small.push(l);
-            }
-        }
-        for i in small.into_iter().chain(large) {
-            prob[i] = 1.0;
-        }
-        Some(AliasTable {
-            channels: positive.iter().map(|(c, _)| c.clone()).collect(),
-            prob,
-            alias,
-        })
-    }
-
-    fn sample(&self, u1: f64, u2: f64) -> &str {
-        let n = self.channels.len();
-        let i = ((u1 * n as f64) as usize).min(n - 1);
-        let j = if u2 < self.prob[i] { i } else { self.alias[i] };
-        &self.channels[j]
-    }
-}
-
-/// What to do with one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pick<'a> {
-    Channel(&'a str),
-    /// Shed (or queue) it: capacity is short for this class.
-    Shed,
-    /// Nothing to route to: no snapshot yet, or the class has no channel.
-    NoRoute,
-}
-
-/// A snapshot ready for O(1) picks.
-#[derive(Debug, Clone)]
-pub struct RoutingTable {
-    pub snapshot: WeightSnapshot,
-    classes: [Option<AliasTable>; 4],
-    shed: [f64; 4],
-}
-
-impl RoutingTable {
-    pub fn new(snapshot: WeightSnapshot) -> RoutingTable {
-        let mut classes: [Option<AliasTable>; 4] = Default::default();
-        let mut shed = [0.0; 4];
-        for class in TrafficClass::ALL {
-            if let Some(c) = snapshot.classes.get(class.as_str()) {
-                let w: Vec<(String, f64)> =
-                    c.weights.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                classes[class.index()] = AliasTable::new(&w);
-                shed[class.index()] = c.shed.clamp(0.0, 1.0);
-            }
-        }
-        RoutingTable {
-            snapshot,
-            classes,
-            shed,
-        }
-    }
-
-    /// The channel to name in the event a gateway emits for a request of
-    /// `class` it did not send (`dispatch` SHED or NO_CHANNEL, see
-    /// `schemas/request_event.avsc`): the class's weighted pick ignoring the
-    /// shed share, or, when no channel has weight, one of the snapshot's
-    /// channels picked uniformly by `u1`. `None` only for a snapshot with no
-    /// channel at all.
-    pub fn unsent_channel(&self, class: TrafficClass, u1: f64, u2: f64) -> Option<&str> {
-        if let Some(t) = &self.classes[class.index()] {
-            return Some(t.sample(u1, u2));
-        }
-        let n = self.snapshot.channels.len();
-        let i = ((u1 * n as f64) as usize).min(n.checked_sub(1)?);
-        self.snapshot.channels.keys().nth(i).map(String::as_str)
-    }
-
-    /// Picks a channel for a request of `class`, from three uniform numbers
-    /// in [0, 1) supplied by the caller (its own RNG: this type holds none).
-    /// A gateway reports what it does not send (`Shed`, `NoRoute`) with
-    /// [`RoutingTable::unsent_channel`], so Hermes measures demand.
-    pub fn pick(&self, class: TrafficClass, u_shed: f64, u1: f64, u2: f64) -> Pick<'_> {
-        if u_shed < self.shed[class.index()] {
-            return Pick::Shed;
-        }
-        match &self.classes[class.index()] {
-            Some(t) => Pick::Channel(t.sample(u1, u2)),
-            None => Pick::NoRoute,
-        }
-    }
-}
 
 /// How fresh the client's view is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,13 +53,7 @@ impl Default for ClientOptions {
     }
 }
 
-/// Wall-clock milliseconds since the Unix epoch (heartbeats, snapshot age;
-/// never an engine decision, which runs on event time).
-pub fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+use crate::wall_clock::now_ms as wall_ms;
 
 struct Shared {
     table: RwLock<Option<Arc<RoutingTable>>>,
@@ -340,87 +212,5 @@ async fn run(
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(opts.max_backoff);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alias_sampling_matches_the_weights() {
-        let w = vec![
-            ("a".to_string(), 0.1),
-            ("b".to_string(), 0.6),
-            ("c".to_string(), 0.3),
-            ("d".to_string(), 0.0),
-        ];
-        let t = AliasTable::new(&w).unwrap();
-        let mut counts = std::collections::BTreeMap::new();
-        let n = 200;
-        // A regular grid over [0,1)² integrates the sampler exactly.
-        for i in 0..n {
-            for j in 0..n {
-                let c = t.sample((i as f64 + 0.5) / n as f64, (j as f64 + 0.5) / n as f64);
-                *counts.entry(c.to_string()).or_insert(0) += 1;
-            }
-        }
-        let total = (n * n) as f64;
-        assert!((counts["a"] as f64 / total - 0.1).abs() < 0.01);
-        assert!((counts["b"] as f64 / total - 0.6).abs() < 0.01);
-        assert!((counts["c"] as f64 / total - 0.3).abs() < 0.01);
-        assert!(!counts.contains_key("d"), "zero weight is never picked");
-        assert!(AliasTable::new(&[("x".into(), 0.0)]).is_none());
-    }
-
-    #[test]
-    fn an_unsent_request_names_a_channel_of_its_group() {
-        let json = r#"{"group":"chat","version":3,"epoch":1,"computed_at_ms":1,"heartbeat_ms":1,
-            "manual":false,"projected_spend_per_hour":0.0,
-            "classes":{"CORE":{"weights":{"paid-a":1.0},"shed":0.5},
-                       "BATCH":{"weights":{"paid-a":0.0,"free-a":0.0},"shed":1.0}},
-            "channels":{"free-a":{"state":"DRAINED","score":0.9,"reason":"drained","planned_rps":0.0},
-                        "paid-a":{"state":"HEALTHY","score":0.1,"reason":"healthy","planned_rps":5.0}}}"#;
-        let t = RoutingTable::new(serde_json::from_str(json).unwrap());
-        assert_eq!(t.pick(TrafficClass::Core, 0.1, 0.5, 0.5), Pick::Shed);
-        assert_eq!(
-            t.unsent_channel(TrafficClass::Core, 0.9, 0.9),
-            Some("paid-a")
-        );
-        // No weighted channel: any channel of the snapshot, by u1.
-        assert_eq!(t.pick(TrafficClass::Batch, 0.99, 0.5, 0.5), Pick::Shed);
-        assert_eq!(
-            t.unsent_channel(TrafficClass::Batch, 0.1, 0.0),
-            Some("free-a")
-        );
-        assert_eq!(
-            t.unsent_channel(TrafficClass::Batch, 0.9, 0.0),
-            Some("paid-a")
-        );
-        assert_eq!(
-            t.pick(TrafficClass::Interactive, 0.99, 0.5, 0.5),
-            Pick::NoRoute
-        );
-        assert!(t
-            .unsent_channel(TrafficClass::Interactive, 0.5, 0.5)
-            .is_some());
-    }
-
-    #[test]
-    fn float_error_never_drops_an_entry() {
-        // 0.3 / 0.7 leaves the second entry at 0.999… after pairing.
-        for (a, b) in [(0.3, 0.7), (0.1, 0.9), (1.0 / 3.0, 2.0 / 3.0), (0.15, 0.85)] {
-            let t = AliasTable::new(&[("a".to_string(), a), ("b".to_string(), b)]).unwrap();
-            let n = 400;
-            let mut hits = 0;
-            for i in 0..n {
-                for j in 0..n {
-                    hits += (t.sample((i as f64 + 0.5) / n as f64, (j as f64 + 0.5) / n as f64)
-                        == "a") as u32;
-                }
-            }
-            let share = hits as f64 / (n * n) as f64;
-            assert!((share - a).abs() < 0.005, "{a}/{b}: share of a {share}");
-        }
     }
 }

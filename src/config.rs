@@ -12,6 +12,7 @@
 //! spec) or the seed incident (`shared/seeds/00N`) whose team chose it.
 
 use crate::event::TrafficClass;
+use crate::signals::SignalPolicies;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -328,6 +329,26 @@ impl EngineConfig {
     pub fn ring_slices(&self) -> usize {
         (self.long_window_ms / self.slice_ms) as usize
     }
+    /// The slice ring every channel keeps.
+    pub fn ring_shape(&self) -> crate::window::RingShape {
+        crate::window::RingShape {
+            slice_ms: self.slice_ms,
+            slices: self.ring_slices(),
+            tdigest_size: self.tdigest_size,
+            long_input_tokens: self.long_input_tokens,
+            short_output_tokens: self.short_output_tokens,
+            slow_request_ms: self.slow_request_ms,
+        }
+    }
+    /// The views signals are measured over.
+    pub fn horizons(&self) -> crate::signals::Horizons {
+        crate::signals::Horizons {
+            short_window_ms: self.short_window_ms,
+            long_window_ms: self.long_window_ms,
+            quantile_min_tail: self.quantile_min_tail,
+            baseline_min_windows: self.baseline_min_windows,
+        }
+    }
     /// Number of slices in the short view.
     pub fn short_slices(&self) -> usize {
         (self.short_window_ms / self.slice_ms) as usize
@@ -413,145 +434,6 @@ impl EngineConfig {
 // ---------------------------------------------------------------------------
 // Health policy: signal bounds and weights, state machine
 // ---------------------------------------------------------------------------
-
-/// One signal's contribution: it maps linearly from 0 at `normal` to 1 at
-/// `degraded` (either direction: for output tokens lower is worse), is
-/// clamped, and is multiplied by `weight`. A signal with fewer than
-/// `min_samples` samples does not vote.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SignalPolicy {
-    pub weight: f64,
-    pub normal: f64,
-    pub degraded: f64,
-    pub min_samples: u32,
-}
-
-const fn sig(weight: f64, normal: f64, degraded: f64, min_samples: u32) -> SignalPolicy {
-    SignalPolicy {
-        weight,
-        normal,
-        degraded,
-        min_samples,
-    }
-}
-
-/// Every scored signal. The five with SPEC §5 seed weights (P99, error rate,
-/// retry rate, truncation, output-token median) sum to 1.0 on their own; the
-/// others add detection paths the seeds asked for. The score is clamped to 1.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SignalPolicies {
-    /// P99 total latency, ms. SPEC §5: 0.25 over [2 s, 6 s] (seed 000).
-    pub p99_latency_ms: SignalPolicy,
-    /// P99 ÷ baseline P99. SPEC §4 / seed 004: ≥ 2.5 is sub-health even under
-    /// the absolute bound, so at 2.5 this alone reaches the AT_RISK score.
-    pub relative_p99: SignalPolicy,
-    /// P99 latency of long-input requests, ms (failures only on long requests).
-    pub long_p99_latency_ms: SignalPolicy,
-    /// P99 time to first token, ms.
-    pub ttfb_p99_ms: SignalPolicy,
-    /// Share of requests slower than `engine.slow_request_ms`.
-    pub slow_ratio: SignalPolicy,
-    /// Share of failed attempts (client 4xx weighted by
-    /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
-    pub error_rate: SignalPolicy,
-    /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
-    /// long requests only, invisible in the channel-wide rate). Weighted so
-    /// that alone, at its degraded bound, it reaches AT_RISK.
-    pub long_error_rate: SignalPolicy,
-    /// Hard failures among the last `engine.outcome_window` outcomes, however
-    /// far apart in time (seed 002's sparse failures). With the error rate it
-    /// lets sustained hard failures drain a channel without help from
-    /// latency: the SPEC's error weight (0.20) alone never could.
-    pub recent_failure_rate: SignalPolicy,
-    /// SPEC §5a, "a bad answer is a failed request": hard failures plus bad
-    /// answers (truncated, garbled, schema-invalid, short or empty with HTTP
-    /// 200) over hard failures plus successes. Alone at its degraded bound it
-    /// drains (0.70 ≥ `drain_enter`), so any one kind of bad answer at 9–10 %
-    /// of answers takes a channel out with normal status and latency, while
-    /// 2–3 % (seed 000's healthy truncation floor) scores nothing.
-    pub bad_outcome_rate: SignalPolicy,
-    /// Share of 429 responses.
-    pub rate_limited_rate: SignalPolicy,
-    /// Share of attempts that are retries (attempt > 0). SPEC §5: 0.20 over
-    /// [2 %, 10 %] (seed 000).
-    pub retry_rate: SignalPolicy,
-    /// Share of truncated outputs. SPEC §5: 0.20 over [5 %, 40 %].
-    pub truncation_rate: SignalPolicy,
-    /// Share of structured outputs that failed their schema (seed 002: > 1 %
-    /// missing fields is sub-health).
-    pub schema_invalid_rate: SignalPolicy,
-    /// Share of outputs containing U+FFFD (seed 003: garbled text).
-    pub garbled_rate: SignalPolicy,
-    /// Median output tokens (lower is worse). SPEC §5: 0.15 over [500, 150].
-    pub output_tokens_median: SignalPolicy,
-    /// Median output tokens ÷ its baseline (lower is worse): the
-    /// workload-independent twin of the absolute bound.
-    pub output_tokens_relative: SignalPolicy,
-    /// Share of outputs under `engine.short_output_tokens`.
-    pub short_output_share: SignalPolicy,
-    /// How much a client 4xx counts toward `error_rate` (SPEC §4: lightly).
-    pub client_error_weight: f64,
-    /// `bad_outcome_rate` is scored at its Wilson lower bound this many
-    /// standard deviations (one-sided) under the measured share: measured
-    /// over a minute of a free channel's traffic (~200 attempts) a 2 % line
-    /// reads 7 % about once a day, and alone at the degraded bound that
-    /// signal drains. 1.0 still reads 10 % over 200 attempts as 8 %.
-    pub bad_outcome_confidence_z: f64,
-}
-
-impl Default for SignalPolicies {
-    fn default() -> Self {
-        SignalPolicies {
-            p99_latency_ms: sig(0.25, 2_000.0, 6_000.0, 50),
-            relative_p99: sig(0.45, 1.5, 2.5, 50),
-            long_p99_latency_ms: sig(0.10, 4_000.0, 12_000.0, 20),
-            ttfb_p99_ms: sig(0.10, 1_500.0, 5_000.0, 50),
-            slow_ratio: sig(0.10, 0.05, 0.25, 20),
-            error_rate: sig(0.20, 0.01, 0.05, 20),
-            long_error_rate: sig(0.45, 0.05, 0.25, 20),
-            recent_failure_rate: sig(0.45, 0.03, 0.15, 20),
-            bad_outcome_rate: sig(0.70, 0.03, 0.09, 50),
-            rate_limited_rate: sig(0.30, 0.02, 0.10, 20),
-            retry_rate: sig(0.20, 0.02, 0.10, 20),
-            truncation_rate: sig(0.20, 0.05, 0.40, 20),
-            schema_invalid_rate: sig(0.15, 0.01, 0.10, 10),
-            garbled_rate: sig(0.15, 0.01, 0.10, 20),
-            output_tokens_median: sig(0.15, 500.0, 150.0, 20),
-            output_tokens_relative: sig(0.15, 0.8, 0.4, 20),
-            short_output_share: sig(0.10, 0.10, 0.50, 20),
-            client_error_weight: 0.1,
-            bad_outcome_confidence_z: 1.0,
-        }
-    }
-}
-
-impl SignalPolicies {
-    /// Every signal policy with its config key, in a fixed order (the order of
-    /// `signals::SignalKind`).
-    pub fn entries(&self) -> [(&'static str, &SignalPolicy); crate::signals::SIGNAL_COUNT] {
-        [
-            ("p99_latency_ms", &self.p99_latency_ms),
-            ("relative_p99", &self.relative_p99),
-            ("long_p99_latency_ms", &self.long_p99_latency_ms),
-            ("ttfb_p99_ms", &self.ttfb_p99_ms),
-            ("slow_ratio", &self.slow_ratio),
-            ("error_rate", &self.error_rate),
-            ("long_error_rate", &self.long_error_rate),
-            ("recent_failure_rate", &self.recent_failure_rate),
-            ("bad_outcome_rate", &self.bad_outcome_rate),
-            ("rate_limited_rate", &self.rate_limited_rate),
-            ("retry_rate", &self.retry_rate),
-            ("truncation_rate", &self.truncation_rate),
-            ("schema_invalid_rate", &self.schema_invalid_rate),
-            ("garbled_rate", &self.garbled_rate),
-            ("output_tokens_median", &self.output_tokens_median),
-            ("output_tokens_relative", &self.output_tokens_relative),
-            ("short_output_share", &self.short_output_share),
-        ]
-    }
-}
 
 /// One leg of the recovery schedule: while the recovery weight is below
 /// `until`, raise it by `step` every `every_ms`.

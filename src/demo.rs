@@ -14,11 +14,12 @@
 //! - a status table (the service's `/status` view) refreshes every second.
 
 use crate::alert::AlertEvent;
-use crate::client::{ClientOptions, Pick, RoutingTable, WeightClient};
+use crate::client::{ClientOptions, WeightClient};
 use crate::codec::Encoder;
 use crate::config::Config;
 use crate::event::Dispatch;
 use crate::publish::{InProcessStore, WeightSnapshot};
+use crate::routing::{Pick, RoutingTable};
 use crate::service::metrics::Metrics;
 use crate::service::{Service, Store};
 use crate::sim::scenario::{Behavior, Scenario};
@@ -189,7 +190,7 @@ async fn gateways(
                     let id = format!("demo-unsent-{seq}");
                     let ev = crate::event::RequestEvent::unsent(crate::event::Unsent {
                         event_id: &id,
-                        event_time_ms: crate::client::wall_ms(),
+                        event_time_ms: crate::wall_clock::now_ms(),
                         gateway_id: "demo-gw",
                         channel_id: key,
                         route_group: &sc.gateway.group,
@@ -241,7 +242,7 @@ async fn gateways(
             let id = format!("demo-{seq}");
             let ev = done.event(
                 &id,
-                crate::client::wall_ms(),
+                crate::wall_clock::now_ms(),
                 &sc.channels[j].id,
                 &sc.gateway.group,
                 "demo-gw",

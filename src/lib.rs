@@ -47,17 +47,21 @@
 //! - `main.rs`: the CLI.
 
 pub mod alert;
+pub mod board;
 pub mod client;
 pub mod clock;
 pub mod codec;
+pub mod composition;
 pub mod config;
 pub mod dedup;
 pub mod demo;
+pub mod engine;
 pub mod event;
 pub mod health;
-pub mod pipeline;
 pub mod publish;
+pub mod redis_keys;
 pub mod replay;
+pub mod routing;
 pub mod safety;
 pub mod schedule;
 pub mod score;
@@ -65,4 +69,5 @@ pub mod service;
 pub mod signals;
 pub mod sim;
 pub mod state;
+pub mod wall_clock;
 pub mod window;

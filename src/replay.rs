@@ -3,9 +3,9 @@
 //! before rolling it out. The events drive the same `Pipeline` as the service.
 
 use crate::alert::AlertKind;
+use crate::composition::Pipeline;
 use crate::config::Config;
 use crate::event::RequestEvent;
-use crate::pipeline::Pipeline;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

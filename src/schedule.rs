@@ -886,7 +886,7 @@ impl Scheduler {
         &mut self,
         gi: usize,
         now_ms: i64,
-        health: &[crate::pipeline::ChannelHealth],
+        health: &[crate::health::ChannelHealth],
         warm: bool,
     ) -> (&Plan, bool) {
         let g = &self.cfg.groups[gi];
@@ -1200,12 +1200,12 @@ mod tests {
             ],
         ));
         let report =
-            |id: &str, state: StateKind, incident: Option<i64>| crate::pipeline::ChannelHealth {
+            |id: &str, state: StateKind, incident: Option<i64>| crate::health::ChannelHealth {
                 score: Some(0.2),
                 demand_rps: [1.0, 2.0, 2.0, 0.0],
                 failure_rate: Some(1.0),
                 incident_since_ms: incident,
-                ..crate::pipeline::ChannelHealth::fixture(id, state)
+                ..crate::health::ChannelHealth::fixture(id, state)
             };
         let now = 1_000_000;
         let mut s = Scheduler::new(cfg.clone());
@@ -1241,10 +1241,10 @@ mod tests {
         ));
         let now = 1_000_000;
         // 20 rps of core demand on a channel with room for 8: half is shed.
-        let report = |served: f64, unsent: f64| crate::pipeline::ChannelHealth {
+        let report = |served: f64, unsent: f64| crate::health::ChannelHealth {
             demand_rps: [0.0, served + unsent, 0.0, 0.0],
             unsent_rps: [0.0, unsent, 0.0, 0.0],
-            ..crate::pipeline::ChannelHealth::fixture("paid-a", StateKind::Healthy)
+            ..crate::health::ChannelHealth::fixture("paid-a", StateKind::Healthy)
         };
         let core = |p: &Plan| p.class(Core).clone();
         let mut s = Scheduler::new(cfg.clone());

@@ -6,8 +6,8 @@
 //! clamped to [0, 1]. The breakdown keeps every contribution so operators see
 //! *why* a channel was judged as it was.
 
-use crate::config::{SignalPolicies, SignalPolicy};
 use crate::signals::{Measurement, SignalKind, Signals, SIGNAL_COUNT};
+use crate::signals::{SignalPolicies, SignalPolicy};
 
 /// A score and how it came about.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -23,7 +23,6 @@
 //! values, a few KB. The outcome window is `outcome_window` bytes, the
 //! baseline 16 B per point.
 
-use crate::config::EngineConfig;
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
 
@@ -242,13 +241,24 @@ pub struct SliceRing {
     slow_request_ms: i32,
 }
 
+/// What a ring is built to hold (from `EngineConfig::ring_shape`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingShape {
+    pub slice_ms: i64,
+    pub slices: usize,
+    pub tdigest_size: u32,
+    pub long_input_tokens: u32,
+    pub short_output_tokens: u32,
+    pub slow_request_ms: u32,
+}
+
 impl SliceRing {
-    pub fn new(cfg: &EngineConfig) -> SliceRing {
+    pub fn new(cfg: RingShape) -> SliceRing {
         let size = cfg.tdigest_size as usize;
         SliceRing {
             slice_ms: cfg.slice_ms,
-            slices: vec![Slice::empty(size); cfg.ring_slices()],
-            indices: vec![i64::MIN; cfg.ring_slices()],
+            slices: vec![Slice::empty(size); cfg.slices],
+            indices: vec![i64::MIN; cfg.slices],
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
             stage: (i64::MIN, 0),
@@ -632,6 +642,7 @@ impl Baseline {
 mod tests {
     use super::*;
     use crate::codec::tests::sample_event;
+    use crate::config::EngineConfig;
 
     fn cfg() -> EngineConfig {
         EngineConfig::default()
@@ -646,7 +657,7 @@ mod tests {
 
     #[test]
     fn views_cover_exactly_their_slices() {
-        let mut ring = SliceRing::new(&cfg());
+        let mut ring = SliceRing::new(cfg().ring_shape());
         let t0 = 1_000_000_000;
         for i in 0..120 {
             // one event per second for two minutes
@@ -667,7 +678,7 @@ mod tests {
 
     #[test]
     fn ring_rotation_forgets_old_slices() {
-        let mut ring = SliceRing::new(&cfg());
+        let mut ring = SliceRing::new(cfg().ring_shape());
         let t0 = 1_000_000_000;
         ring.record(&ev_at(t0, 100));
         // Exactly one ring length (5 min) later the same slot is reused.
@@ -681,7 +692,7 @@ mod tests {
 
     #[test]
     fn quantiles_come_from_the_view() {
-        let mut ring = SliceRing::new(&cfg());
+        let mut ring = SliceRing::new(cfg().ring_shape());
         let t0 = 2_000_000_000;
         for i in 0..1000 {
             ring.record(&ev_at(t0 + i * 50, (i % 100) as i32 * 10 + 5));

@@ -2,10 +2,11 @@
 
 mod support;
 
-use hermes::client::{ClientOptions, Pick, WeightClient};
+use hermes::client::{ClientOptions, WeightClient};
 use hermes::event::TrafficClass;
 use hermes::publish::redis::{PublisherOptions, RedisPublisher};
 use hermes::publish::{snapshot_key, ChannelStatus, ClassWeights, WeightSnapshot, WriteOutcome};
+use hermes::routing::Pick;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use support::{eventually, RedisServer};

@@ -85,9 +85,8 @@ fn golden(label: &str, runs: Vec<(Report, Vec<AlertEvent>)>) -> Vec<Report> {
             std::fs::write(&path, &text).unwrap();
             continue;
         }
-        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!("{}: {e} (HERMES_BLESS=1 writes it)", path.display())
-        });
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (HERMES_BLESS=1 writes it)", path.display()));
         if want != text {
             let first = want
                 .lines()
@@ -383,7 +382,10 @@ fn a_quota_running_out_is_planned_down_before_the_cliff() {
     // the attempts against the configured quota itself.
     let mut counted = reported.clone();
     counted.channels[0].report_quota = false;
-    for (label, sc) in [("quota-cliff", &reported), ("quota-cliff-counted", &counted)] {
+    for (label, sc) in [
+        ("quota-cliff", &reported),
+        ("quota-cliff-counted", &counted),
+    ] {
         let seeds = [sc.seed, 101, 202, 303, 404];
         for r in golden(label, runs(sc, &seeds)) {
             let why = format!(

@@ -13,29 +13,18 @@
 //! lost its partitions cannot overwrite a newer writer. A new version is
 //! followed by `PUBLISH hermes:{GROUP}:changed <version>`.
 //!
-//! This module is pure (encoding, key names, the script text); the Redis I/O
-//! lives in [`redis`].
+//! This module is pure (encoding and the fencing rule); key names and the
+//! scripts are in [`crate::redis_keys`], the Redis I/O in [`redis`].
 
 pub mod redis;
+
+pub use crate::redis_keys::{
+    changed_channel, epoch_key, snapshot_key, FENCED_WRITE_LUA, TAKE_EPOCH_LUA,
+};
 
 use crate::schedule::Plan;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-
-/// The Redis key holding a group's snapshot.
-pub fn snapshot_key(group: &str) -> String {
-    format!("hermes:{{{group}}}:weights")
-}
-
-/// The writer-epoch counter of a group (a new writer `INCR`s it).
-pub fn epoch_key(group: &str) -> String {
-    format!("hermes:{{{group}}}:epoch")
-}
-
-/// The channel a new version is announced on.
-pub fn changed_channel(group: &str) -> String {
-    format!("hermes:{{{group}}}:changed")
-}
 
 /// One traffic class's routing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,76 +113,6 @@ impl WeightSnapshot {
         (self.epoch, self.version) < (other.epoch, other.version)
     }
 }
-
-/// The fenced write. KEYS[1]: the snapshot key; KEYS[2]: the group's epoch
-/// key. ARGV: epoch, version, heartbeat_ms, snapshot JSON, change channel.
-/// Returns `{outcome, stored_epoch, stored_version}` with outcome one of
-/// `written` (new version stored and announced), `heartbeat` (same version,
-/// newer heartbeat stored), `unchanged`, `stale` (refused: older than what
-/// is stored, or than the epoch a newer writer has taken, even before that
-/// writer publishes anything).
-pub const FENCED_WRITE_LUA: &str = r#"
-local epoch = tonumber(ARGV[1])
-local version = tonumber(ARGV[2])
-local heartbeat = tonumber(ARGV[3])
-local taken = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if epoch < taken then
-  return {'stale', taken, 0}
-end
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, doc = pcall(cjson.decode, current)
-  if ok and type(doc) == 'table' then
-    local e = tonumber(doc['epoch']) or 0
-    local v = tonumber(doc['version']) or 0
-    if epoch < e or (epoch == e and version < v) then
-      return {'stale', e, v}
-    end
-    if epoch == e and version == v then
-      local h = tonumber(doc['heartbeat_ms']) or 0
-      if heartbeat > h then
-        redis.call('SET', KEYS[1], ARGV[4])
-        return {'heartbeat', e, v}
-      end
-      return {'unchanged', e, v}
-    end
-  end
-end
-redis.call('SET', KEYS[1], ARGV[4])
-redis.call('PUBLISH', ARGV[5], ARGV[2])
-return {'written', epoch, version}
-"#;
-
-/// Takes the next writer epoch of a group. KEYS[1]: the epoch key; KEYS[2]:
-/// the snapshot key. ARGV[1]: the writer's wall clock in ms. Returns
-/// `{epoch, stored snapshot or false}`.
-///
-/// The epoch must never go backwards, or gateways that saw a higher one
-/// would refuse every later snapshot. `INCR` alone restarts at 1 when Redis
-/// comes back empty, so the first epoch of a key that does not exist is the
-/// wall clock in ms (later than every epoch of an earlier dataset, which
-/// grew by one per takeover from its own first wall-clock epoch), and an
-/// epoch is never at or below the stored snapshot's.
-pub const TAKE_EPOCH_LUA: &str = r#"
-local epoch
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  epoch = redis.call('INCR', KEYS[1])
-else
-  epoch = tonumber(ARGV[1])
-end
-local stored = redis.call('GET', KEYS[2])
-if stored then
-  local ok, doc = pcall(cjson.decode, stored)
-  if ok and type(doc) == 'table' then
-    local e = tonumber(doc['epoch']) or 0
-    if epoch <= e then
-      epoch = e + 1
-    end
-  end
-end
-redis.call('SET', KEYS[1], epoch)
-return {epoch, stored or false}
-"#;
 
 /// What a fenced write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -150,7 +150,7 @@ impl RedisPublisher {
             .take_epoch_script
             .key(epoch_key(group))
             .key(snapshot_key(group))
-            .arg(crate::client::wall_ms().max(1))
+            .arg(crate::wall_clock::now_ms().max(1))
             .invoke_async(&mut conn)
             .await;
         match r {

@@ -22,8 +22,9 @@
 
 use super::kafka;
 use super::metrics::{GroupGauges, Metrics};
+use crate::board::{writer_partition, GroupBoard, NotReady};
 use crate::config::Config;
-use crate::health::{writer_partition, GroupBoard, HealthReport, NotReady};
+use crate::health::HealthReport;
 use crate::publish::redis::{PublishError, PublisherOptions, RedisPublisher};
 use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
 use crate::schedule::Scheduler;
@@ -152,7 +153,7 @@ pub async fn run(
                 match m.payload().map(HealthReport::from_json) {
                     Some(Ok(r)) => {
                         let group = r.group.clone();
-                        if !board.on_report(&cfg, r, crate::client::wall_ms()) {
+                        if !board.on_report(&cfg, r, crate::wall_clock::now_ms()) {
                             tracing::debug!(%group, "health report for a group not in the config");
                         }
                         // A state change is planned and published now, not
@@ -209,7 +210,7 @@ pub async fn run(
             }
         }
         writers.retain(|g, _| cfg.groups.iter().any(|x| &x.id == g));
-        let now = crate::client::wall_ms();
+        let now = crate::wall_clock::now_ms();
         let groups: Vec<String> = writers.keys().cloned().collect();
         for group in groups {
             let Some(gi) = cfg.groups.iter().position(|g| g.id == group) else {
@@ -291,7 +292,7 @@ pub async fn run(
                         if let Some(at) = w.change_at_ms.take() {
                             metrics
                                 .decision_publish
-                                .observe_ms(crate::client::wall_ms() - at);
+                                .observe_ms(crate::wall_clock::now_ms() - at);
                         }
                     } else {
                         Metrics::inc(&metrics.snapshot_heartbeats);

@@ -28,8 +28,8 @@ use crate::alert::AlertEvent;
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
 use crate::config::Config;
 use crate::dedup::Dedup;
+use crate::engine::{ApplyError, ChannelIdx, Engine};
 use crate::health::{HealthReport, REPORT_FORMAT};
-use crate::pipeline::{ApplyError, ChannelIdx, Engine};
 use crate::state::StateMachine;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -144,7 +144,7 @@ impl RequestContext {
         } else {
             HashMap::new()
         };
-        let since = crate::client::wall_ms() - self.replay_ms;
+        let since = crate::wall_clock::now_ms() - self.replay_ms;
         let mut by_time = TopicPartitionList::new();
         for e in fresh.elements() {
             let _ = by_time.add_partition_offset(&self.topic, e.partition(), Offset::Offset(since));
@@ -585,7 +585,7 @@ impl LoopState {
                     } else {
                         self.load_saved_states()
                     };
-                    let replay_floor_ms = crate::client::wall_ms()
+                    let replay_floor_ms = crate::wall_clock::now_ms()
                         - self
                             .cfg
                             .engine
@@ -595,7 +595,7 @@ impl LoopState {
                     for a in fresh {
                         let mut engine = Engine::for_partition(self.cfg.clone());
                         let mut restored = ahash::AHashMap::new();
-                        let latest_ok = crate::client::wall_ms()
+                        let latest_ok = crate::wall_clock::now_ms()
                             .saturating_add(self.cfg.engine.clock_skew_ms());
                         for (channel, s) in &saved {
                             // A state saved by a build that let a bad clock
@@ -717,7 +717,7 @@ impl LoopState {
         };
         // One wall-clock read per record: the clock check and the
         // dead-letter share both use it.
-        let wall = crate::client::wall_ms();
+        let wall = crate::wall_clock::now_ms();
         let outcome: Result<(), (&'static str, String)> = match decoder.decode(payload, lookup) {
             Ok(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
@@ -806,7 +806,7 @@ impl LoopState {
     /// the broker nothing.
     fn advance_idle(&mut self) {
         let idle = Duration::from_millis(self.cfg.service.idle_advance_ms as u64);
-        let to = crate::client::wall_ms() - self.cfg.engine.allowed_lateness_ms;
+        let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
         let candidates: Vec<i32> = self
             .partitions
             .iter()
@@ -890,11 +890,11 @@ impl LoopState {
             return Ok(());
         }
         part.evaluations = evaluations;
-        let changed_at_wall_ms = changed.then(crate::client::wall_ms);
+        let changed_at_wall_ms = changed.then(crate::wall_clock::now_ms);
         let Some(watermark) = part.engine.watermark_ms() else {
             return Ok(());
         };
-        let mut by_group: BTreeMap<String, Vec<crate::pipeline::ChannelHealth>> = BTreeMap::new();
+        let mut by_group: BTreeMap<String, Vec<crate::health::ChannelHealth>> = BTreeMap::new();
         for idx in 0..part.engine.channel_count() as ChannelIdx {
             if !part.engine.has_events(idx) {
                 continue;

@@ -10,15 +10,13 @@
 //! down; the consumer never waits for them.
 
 use crate::publish::redact_url;
+pub use crate::redis_keys::state_key;
+use crate::redis_keys::KEEP_NEWEST_LUA;
 use crate::state::StateMachine;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-pub fn state_key(group: &str) -> String {
-    format!("hermes:{{{group}}}:state")
-}
 
 /// What is stored per channel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,18 +25,6 @@ pub struct SavedState {
     pub saved_at_ms: i64,
     pub machine: StateMachine,
 }
-
-const KEEP_NEWEST_LUA: &str = r#"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur then
-  local ok, doc = pcall(cjson.decode, cur)
-  if ok and type(doc) == 'table' and tonumber(doc['saved_at_ms']) and tonumber(doc['saved_at_ms']) > tonumber(ARGV[2]) then
-    return 0
-  end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return 1
-"#;
 
 /// One queued write.
 #[derive(Debug, Clone)]

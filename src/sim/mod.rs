@@ -18,9 +18,9 @@ pub mod scenario;
 
 use crate::alert::AlertEvent;
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
+use crate::composition::Pipeline;
 use crate::config::Config;
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::pipeline::Pipeline;
 use crate::schedule::Plan;
 use crate::state::StateKind;
 use scenario::{Behavior, Fault, Scenario, SimChannel};

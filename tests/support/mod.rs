@@ -287,7 +287,7 @@ impl Drop for Hermes {
 pub fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
     RequestEvent {
         event_id: id,
-        event_time_ms: hermes::client::wall_ms(),
+        event_time_ms: hermes::wall_clock::now_ms(),
         gateway_id: "gw-test",
         channel_id: channel,
         route_group: "chat",

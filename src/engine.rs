@@ -24,6 +24,7 @@
 use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
 use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
+use crate::health::ChannelHealth;
 use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
 use crate::score::{optimistic, pessimistic, score, Score};
 use crate::signals::{baseline_point, measure, Horizon, Signals};
@@ -81,79 +82,6 @@ pub struct EngineStats {
     pub future_timestamp: u64,
     /// Applied events that reported an unsent request (demand only).
     pub unsent: u64,
-}
-
-/// A channel's health as the scheduler and the status view read it (and as
-/// partition owners report it on the health topic).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChannelHealth {
-    pub id: String,
-    pub group: String,
-    pub state: StateKind,
-    /// Health weight factor in [0, 1] (state, or the pin when pinned).
-    pub weight: f64,
-    /// Latest score; `None` before any signal had enough samples.
-    pub score: Option<f64>,
-    pub pinned: bool,
-    /// Observed demand per traffic class (schema order), requests per
-    /// second: real attempts made plus requests gateways reported unsent.
-    pub demand_rps: [f64; 4],
-    /// The unsent part of `demand_rps` (shed, or no channel). All zero while
-    /// gateways shed nothing, or when they do not report what they shed.
-    #[serde(default)]
-    pub unsent_rps: [f64; 4],
-    /// Mean tokens per real request over the demand window.
-    pub tokens_per_request: Option<f64>,
-    /// What the channel was measured to cost over the demand window (real
-    /// requests and probes), per hour.
-    #[serde(default)]
-    pub spend_per_hour: f64,
-    pub p99_ms: Option<f64>,
-    pub error_rate: Option<f64>,
-    /// Hard failures and bad answers over judged outcomes (the
-    /// `bad_outcome_rate` signal), if measured.
-    #[serde(default)]
-    pub failure_rate: Option<f64>,
-    pub quota_remaining: Option<i64>,
-    pub quota_exhausted_in_ms: Option<i64>,
-    /// The channel's group is in a correlated failure (SPEC §5a panic mode,
-    /// see `safety`) as this engine saw it at its last tick.
-    #[serde(default)]
-    pub correlated: bool,
-    /// When the channel's current incident (a drain) began, while it is in
-    /// one: the group writer judges correlation across partitions with it.
-    #[serde(default)]
-    pub incident_since_ms: Option<i64>,
-}
-
-#[cfg(test)]
-impl ChannelHealth {
-    /// A channel in `state` with an unremarkable report (tests).
-    pub fn fixture(id: &str, state: StateKind) -> ChannelHealth {
-        ChannelHealth {
-            id: id.into(),
-            group: "chat".into(),
-            state,
-            weight: if state == StateKind::Drained {
-                0.0
-            } else {
-                1.0
-            },
-            score: Some(0.1),
-            pinned: false,
-            demand_rps: [0.0, 5.0, 0.0, 0.0],
-            unsent_rps: [0.0; 4],
-            tokens_per_request: Some(500.0),
-            spend_per_hour: 0.0,
-            p99_ms: Some(900.0),
-            error_rate: Some(0.0),
-            failure_rate: Some(0.0),
-            quota_remaining: None,
-            quota_exhausted_in_ms: None,
-            correlated: false,
-            incident_since_ms: None,
-        }
-    }
 }
 
 struct ChannelRuntime {
@@ -240,7 +168,7 @@ impl ChannelRuntime {
         ChannelRuntime {
             cfg: c.clone(),
             group_idx,
-            ring: SliceRing::new(e),
+            ring: SliceRing::new(e.ring_shape()),
             outcomes: OutcomeWindow::new(e.outcome_window),
             streak: FailureStreak::default(),
             probe_streak: 0,
@@ -568,7 +496,7 @@ impl Engine {
             &mut ch.ring,
             &ch.outcomes,
             &ch.baseline,
-            &self.cfg.engine,
+            &self.cfg.engine.horizons(),
             &policy.signals,
             now,
             since,
@@ -958,86 +886,6 @@ impl Engine {
         (0..self.channels.len() as ChannelIdx)
             .map(|i| self.health(i))
             .collect()
-    }
-}
-
-/// The engine and the scheduler together, for a process that owns every
-/// channel: the simulator and replay. Re-plans every group after
-/// each evaluation tick the watermark crosses.
-pub struct Pipeline {
-    pub engine: Engine,
-    pub scheduler: crate::schedule::Scheduler,
-    /// Every alert raised so far, in order.
-    pub alerts: Vec<AlertEvent>,
-    next_plan_ms: Option<i64>,
-    replans: u64,
-}
-
-impl Pipeline {
-    pub fn new(cfg: Arc<Config>) -> Pipeline {
-        let mut scheduler = crate::schedule::Scheduler::new(cfg.clone());
-        // Initial plans (trust-tier shares) exist before any event.
-        for gi in 0..cfg.groups.len() {
-            scheduler.plan_group(gi, 0, &[], false);
-        }
-        Pipeline {
-            engine: Engine::new(cfg),
-            scheduler,
-            alerts: Vec::new(),
-            next_plan_ms: None,
-            replans: 0,
-        }
-    }
-
-    /// Puts a route group in (or out of) manual mode (SPEC §5): its plan
-    /// freezes until switched off, and the switch is recorded as an alert.
-    /// Returns false for an unknown group.
-    pub fn set_manual(&mut self, group: &str, on: bool, now_ms: i64) -> bool {
-        if !self.scheduler.set_manual(group, on) {
-            return false;
-        }
-        self.engine
-            .record_group_override(group, on, now_ms, &mut self.alerts);
-        true
-    }
-
-    /// Number of re-planning rounds so far (callers compare it to notice one).
-    pub fn replans(&self) -> u64 {
-        self.replans
-    }
-
-    /// Applies one event, re-planning if it moved the watermark past a tick.
-    pub fn apply(&mut self, ev: &RequestEvent<'_>) -> Result<(), ApplyError> {
-        let r = self.engine.apply(ev, &mut self.alerts);
-        self.replan_if_due();
-        r
-    }
-
-    /// Advances event time without an event (idle periods, simulated time).
-    pub fn advance_to(&mut self, now_ms: i64) {
-        self.engine.advance_to(now_ms, &mut self.alerts);
-        self.replan_if_due();
-    }
-
-    fn replan_if_due(&mut self) {
-        let Some(w) = self.engine.watermark_ms() else {
-            return;
-        };
-        let interval = self.engine.config().engine.evaluation_interval_ms;
-        let due = *self
-            .next_plan_ms
-            .get_or_insert((w.div_euclid(interval) + 1) * interval);
-        if w < due {
-            return;
-        }
-        let tick = w.div_euclid(interval) * interval;
-        self.next_plan_ms = Some(tick + interval);
-        let health = self.engine.health_all();
-        let warm = self.engine.is_warm();
-        for gi in 0..self.engine.config().groups.len() {
-            self.scheduler.plan_group(gi, tick, &health, warm);
-        }
-        self.replans += 1;
     }
 }
 
@@ -1535,7 +1383,7 @@ mod tests {
                 ("paid-a", Tier::Paid, 1.0, 100.0),
             ],
         ));
-        let mut p = Pipeline::new(cfg);
+        let mut p = crate::composition::Pipeline::new(cfg);
         let mut t = T0;
         while t < T0 + 120_000 {
             p.apply(&ev("free-a", t)).unwrap();
