@@ -1375,50 +1375,6 @@ mod tests {
     }
 
     #[test]
-    fn group_manual_mode_freezes_the_plan_and_is_recorded() {
-        let cfg = Arc::new(Config::single_group(
-            "chat",
-            &[
-                ("free-a", Tier::Free, 0.0, 50.0),
-                ("paid-a", Tier::Paid, 1.0, 100.0),
-            ],
-        ));
-        let mut p = crate::composition::Pipeline::new(cfg);
-        let mut t = T0;
-        while t < T0 + 120_000 {
-            p.apply(&ev("free-a", t)).unwrap();
-            p.apply(&ev("paid-a", t)).unwrap();
-            t += 100;
-        }
-        let before = p.scheduler.plan("chat").unwrap().clone();
-        assert!(p.set_manual("chat", true, t));
-        assert!(!p.set_manual("nope", true, t));
-        let a = p.alerts.last().unwrap();
-        assert_eq!(
-            (a.kind, a.channel_id.as_deref()),
-            (AlertKind::Override, None)
-        );
-        assert_eq!(a.reason, "manual_mode(on=true)");
-        // The free channel goes down hard; the frozen plan does not follow.
-        for i in 0..5 {
-            let mut x = ev("free-a", t + i);
-            x.error_class = ErrorClass::ConnectionReset;
-            p.apply(&x).unwrap();
-        }
-        p.advance_to(t + 30_000);
-        let frozen = p.scheduler.plan("chat").unwrap();
-        assert!(frozen.manual && frozen.same_routing(&before));
-        p.set_manual("chat", false, t + 30_000);
-        p.advance_to(t + 40_000);
-        let live = p.scheduler.plan("chat").unwrap();
-        assert_eq!(
-            live.weight(TrafficClass::Core, "free-a"),
-            0.0,
-            "drained once manual mode ends"
-        );
-    }
-
-    #[test]
     fn same_input_same_decisions() {
         let run = || {
             let mut e = engine();

@@ -1,9 +1,9 @@
 //! `hermes replay`: recorded request events (an Avro object container file)
 //! through a config, to see the decisions a threshold change would have made
-//! before rolling it out. The events drive the same `Pipeline` as the service.
+//! before rolling it out. The events drive the same `Composition` as the service.
 
 use crate::alert::AlertKind;
-use crate::composition::Pipeline;
+use crate::composition::Composition;
 use crate::config::Config;
 use crate::event::RequestEvent;
 use serde::Serialize;
@@ -61,7 +61,7 @@ pub fn write_events<W: std::io::Write>(out: W, datums: &[Vec<u8>]) -> Result<W, 
 pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
     let mut reader = serde_avro_fast::object_container_file_encoding::Reader::from_slice(file)
         .map_err(|e| format!("not an Avro object container file: {e}"))?;
-    let mut pipeline = Pipeline::new(cfg.clone());
+    let mut composition = Composition::new(cfg.clone());
     let mut report = ReplayReport {
         events: 0,
         applied: 0,
@@ -89,7 +89,7 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
             tracing::debug!(error = %e, "skipping invalid event");
             continue;
         }
-        match pipeline.apply(&ev) {
+        match composition.apply(&ev) {
             Ok(()) => {
                 report.applied += 1;
                 report.first_event_ms.get_or_insert(ev.event_time_ms);
@@ -104,10 +104,10 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
     }
     if let Some(last) = report.last_event_ms {
         // Let the last evaluation tick run.
-        pipeline.advance_to(last + cfg.engine.evaluation_interval_ms);
+        composition.advance_to(last + cfg.engine.evaluation_interval_ms);
     }
     for c in cfg.channels() {
-        let decisions: Vec<Decision> = pipeline
+        let decisions: Vec<Decision> = composition
             .alerts
             .iter()
             .filter(|a| {
@@ -121,17 +121,17 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
                 severity: a.severity.as_str().to_string(),
             })
             .collect();
-        let idx = pipeline.engine.channel_index(&c.id);
+        let idx = composition.engine.channel_index(&c.id);
         report.channels.push(ChannelDecisions {
             id: c.id.clone(),
             final_state: idx.map_or("UNKNOWN".into(), |i| {
-                pipeline.engine.machine(i).kind().as_str().to_string()
+                composition.engine.machine(i).kind().as_str().to_string()
             }),
             drains: decisions.iter().filter(|d| d.to == "DRAINED").count() as u32,
             decisions,
         });
     }
-    for a in &pipeline.alerts {
+    for a in &composition.alerts {
         *report
             .alerts
             .entry(a.kind.as_str().to_string())

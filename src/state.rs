@@ -507,7 +507,13 @@ impl StateMachine {
         match self.state {
             ChannelState::Healthy | ChannelState::AtRisk { .. } => {
                 if let Some(s) = e.score {
-                    self.step_serving(now_ms, s, e.correlated, p, out);
+                    // Leaving AT_RISK is judged on the pessimistic reading:
+                    // at its reduced weight the channel shows fewer attempts,
+                    // which lowers the optimistic bound the score uses and
+                    // would let a channel still failing back to full weight
+                    // only to drain it moments later (a re-trip).
+                    let exit = e.score_high.map_or(s, |h| h.max(s));
+                    self.step_serving(now_ms, s, exit, e.correlated, p, out);
                 }
             }
             ChannelState::Drained { since_ms, until_ms } => {
@@ -561,6 +567,7 @@ impl StateMachine {
         &mut self,
         now_ms: i64,
         s: f64,
+        exit_score: f64,
         correlated: bool,
         p: &StatePolicy,
         out: &mut Vec<Change>,
@@ -568,7 +575,7 @@ impl StateMachine {
         let count = |c: u32, hit: bool| if hit && !correlated { c + 1 } else { 0 };
         self.over_drain = count(self.over_drain, s >= p.drain_enter);
         self.over_at_risk = count(self.over_at_risk, s >= p.at_risk_enter);
-        self.under_exit = if s < p.at_risk_exit {
+        self.under_exit = if exit_score < p.at_risk_exit {
             self.under_exit + 1
         } else {
             0
@@ -597,7 +604,7 @@ impl StateMachine {
         } else if !healthy && self.under_exit >= p.healthy_confirmations {
             let evaluations = self.under_exit;
             let reason = TransitionReason::ScoreRecovered {
-                score: s,
+                score: exit_score,
                 evaluations,
             };
             self.set_state(now_ms, ChannelState::Healthy, reason, p, out);

@@ -22,12 +22,12 @@
 
 use super::kafka;
 use super::metrics::{GroupGauges, Metrics};
-use crate::board::{writer_partition, GroupBoard, NotReady};
+use crate::board::{writer_partition, NotReady};
+use crate::composition::GroupPlanner;
 use crate::config::Config;
 use crate::health::HealthReport;
 use crate::publish::redis::{PublishError, PublisherOptions, RedisPublisher};
 use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
-use crate::schedule::Scheduler;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
@@ -80,6 +80,7 @@ impl WeightSink {
 }
 
 /// One group this instance writes.
+#[derive(Default)]
 struct Writer {
     epoch: Option<u64>,
     version: u64,
@@ -88,7 +89,6 @@ struct Writer {
     last_write_ms: i64,
     /// Refused as stale: another writer owns the group.
     fenced: bool,
-    planned: bool,
     /// Wall time a reported state change was handled, until the snapshot
     /// that carries it is written (`hermes_decision_publish_seconds`).
     change_at_ms: Option<i64>,
@@ -127,18 +127,215 @@ fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
     Ok(consumer)
 }
 
+/// The groups this instance writes: what they plan ([`GroupPlanner`]),
+/// where they write, and each one's fencing position.
+struct GroupWriters {
+    cfg: Arc<Config>,
+    planner: GroupPlanner,
+    writers: BTreeMap<String, Writer>,
+    sink: WeightSink,
+    metrics: Arc<Metrics>,
+}
+
+impl GroupWriters {
+    /// Takes a health report; true when it carries a state change of a
+    /// group written here, to be planned and published now rather than at
+    /// the next round.
+    fn on_report(&mut self, r: HealthReport) -> bool {
+        let group = r.group.clone();
+        if !self.planner.on_report(r, crate::wall_clock::now_ms()) {
+            tracing::debug!(%group, "health report for a group not in the config");
+        }
+        self.writers.contains_key(&group) && self.planner.state_change_pending(&group)
+    }
+
+    /// A new policy: plans restart from the current health.
+    fn reconfigure(&mut self, cfg: Arc<Config>) {
+        self.planner.reconfigure(cfg.clone());
+        for w in self.writers.values_mut() {
+            w.plan_version = None;
+        }
+        self.writers
+            .retain(|g, _| cfg.groups.iter().any(|x| &x.id == g));
+        self.cfg = cfg;
+    }
+
+    /// Takes the groups whose writer partition this instance now owns, and
+    /// lets go of the others.
+    fn sync_ownership(&mut self, ownership: &Ownership) {
+        let n = ownership.request_partitions.load(Ordering::Relaxed);
+        let owned = ownership.owned();
+        for g in &self.cfg.groups {
+            let mine = n > 0 && owned.contains(&writer_partition(&g.id, n));
+            match (mine, self.writers.contains_key(&g.id)) {
+                (true, false) => {
+                    self.writers.insert(g.id.clone(), Writer::default());
+                }
+                (false, true) => {
+                    self.writers.remove(&g.id);
+                    self.planner.release(&g.id);
+                    self.metrics.forget_group(&g.id);
+                    tracing::info!(group = %g.id, "no longer this group's writer");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// One round: every group written here that is not fenced takes its
+    /// epoch if it has none, plans if due, and publishes a changed plan or a
+    /// due heartbeat.
+    async fn on_tick(&mut self) {
+        let groups: Vec<String> = self.writers.keys().cloned().collect();
+        for group in groups {
+            if self.writers[&group].fenced || !self.ensure_epoch(&group).await {
+                continue;
+            }
+            self.publish(&group).await;
+        }
+    }
+
+    /// Takes the group's writer epoch (above every stored one) and learns
+    /// the stored snapshot's channel states. False while the sink is down.
+    async fn ensure_epoch(&mut self, group: &str) -> bool {
+        if self.writers[group].epoch.is_some() {
+            return true;
+        }
+        match self.sink.take_epoch(group).await {
+            Ok((epoch, stored)) => {
+                let epoch = stored.as_ref().map_or(epoch, |s| epoch.max(s.epoch + 1));
+                let w = self.writers.get_mut(group).expect("listed by the caller");
+                w.epoch = Some(epoch);
+                w.version = stored.as_ref().map_or(0, |s| s.version);
+                let previous = stored
+                    .map(|s| {
+                        s.channels
+                            .into_iter()
+                            .map(|(c, st)| (c, st.state))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.planner.take_over(group, previous);
+                tracing::info!(%group, epoch, from_version = w.version, "writing this group");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%group, error = %e, "cannot take the writer epoch yet");
+                false
+            }
+        }
+    }
+
+    /// Plans the group if due and writes a changed plan, or the same one
+    /// when its heartbeat is due.
+    async fn publish(&mut self, group: &str) {
+        let now = crate::wall_clock::now_ms();
+        let planned = match self.planner.plan(group, now) {
+            Ok(p) => {
+                self.metrics.set_group_waiting(group, Vec::new());
+                p
+            }
+            Err(NotReady::NoReports) => return,
+            Err(NotReady::Waiting(ch)) => {
+                self.metrics.set_group_waiting(group, ch);
+                return;
+            }
+        };
+        let w = self.writers.get_mut(group).expect("listed by the caller");
+        let Some(planned) = planned else {
+            return;
+        };
+        if let Some(at) = planned.change_at_wall_ms {
+            w.change_at_ms = Some(w.change_at_ms.map_or(at, |t| t.min(at)));
+        }
+        let plan = planned.plan;
+        let changed = w.plan_version != Some(plan.version);
+        if !changed {
+            // The change moved no weight: there is no decision to time.
+            w.change_at_ms = None;
+        }
+        let heartbeat_due = now - w.last_write_ms >= self.cfg.service.heartbeat_ms;
+        if !changed && !heartbeat_due {
+            return;
+        }
+        let epoch = w.epoch.unwrap_or(1);
+        let version = if changed { w.version + 1 } else { w.version };
+        let mut snap = WeightSnapshot::from_plan(plan, epoch, now);
+        snap.version = version;
+        let plan_version = plan.version;
+        let outcome = self.sink.write(&snap).await;
+        let w = self.writers.get_mut(group).expect("listed by the caller");
+        match outcome {
+            Ok(WriteOutcome::Stale { stored_epoch, .. }) => {
+                Metrics::inc(&self.metrics.snapshots_refused_stale);
+                tracing::warn!(%group, epoch, stored_epoch, "fenced: another writer owns this group");
+                w.fenced = true;
+            }
+            Ok(outcome) => {
+                if outcome == WriteOutcome::Written {
+                    Metrics::inc(&self.metrics.snapshots_written);
+                    if let Some(at) = w.change_at_ms.take() {
+                        self.metrics
+                            .decision_publish
+                            .observe_ms(crate::wall_clock::now_ms() - at);
+                    }
+                } else {
+                    Metrics::inc(&self.metrics.snapshot_heartbeats);
+                }
+                w.version = version;
+                w.plan_version = Some(plan_version);
+                w.last_write_ms = now;
+                self.metrics.set_group(group, gauges(&snap, now));
+            }
+            Err(e) => {
+                // Retried next round with the then-current plan; gateways
+                // keep the last snapshot meanwhile.
+                Metrics::inc(&self.metrics.snapshot_failures);
+                tracing::debug!(%group, error = %e, "snapshot not written yet");
+            }
+        }
+    }
+}
+
+/// The gauges of a written snapshot.
+fn gauges(snap: &WeightSnapshot, now: i64) -> GroupGauges {
+    let mut weights = BTreeMap::new();
+    let mut shed = BTreeMap::new();
+    for (class, cw) in &snap.classes {
+        shed.insert(class.clone(), cw.shed);
+        for (ch, x) in &cw.weights {
+            weights.insert((class.clone(), ch.clone()), *x);
+        }
+    }
+    GroupGauges {
+        epoch: snap.epoch,
+        version: snap.version,
+        heartbeat_ms: now,
+        weights,
+        shed,
+        waiting_for: Vec::new(),
+    }
+}
+
+/// The group writers' loop: health reports in, snapshots out. A report
+/// with a state change is planned and published at once; everything else
+/// every 500 ms round.
 pub async fn run(
     mut cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
     ownership: Arc<Ownership>,
-    mut publisher: WeightSink,
+    sink: WeightSink,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
-    let mut cfg = cfg_rx.borrow_and_update().clone();
+    let cfg = cfg_rx.borrow_and_update().clone();
     let consumer = tokio::task::block_in_place(|| health_consumer(&cfg))?;
-    let mut board = GroupBoard::new();
-    let mut scheduler = Scheduler::new(cfg.clone());
-    let mut writers: BTreeMap<String, Writer> = BTreeMap::new();
+    let mut writers = GroupWriters {
+        planner: GroupPlanner::new(cfg.clone()),
+        cfg,
+        writers: BTreeMap::new(),
+        sink,
+        metrics,
+    };
     let mut round = tokio::time::interval(Duration::from_millis(500));
     while !stop.load(Ordering::Relaxed) {
         tokio::select! {
@@ -152,13 +349,7 @@ pub async fn run(
                 };
                 match m.payload().map(HealthReport::from_json) {
                     Some(Ok(r)) => {
-                        let group = r.group.clone();
-                        if !board.on_report(&cfg, r, crate::wall_clock::now_ms()) {
-                            tracing::debug!(%group, "health report for a group not in the config");
-                        }
-                        // A state change is planned and published now, not
-                        // at the next round.
-                        if !(writers.contains_key(&group) && board.state_change_pending(&group)) {
+                        if !writers.on_report(r) {
                             continue;
                         }
                     }
@@ -172,162 +363,10 @@ pub async fn run(
             _ = round.tick() => {}
         }
         if cfg_rx.has_changed().unwrap_or(false) {
-            cfg = cfg_rx.borrow_and_update().clone();
-            // Plans restart from the current health with the new policy
-            // (smoothing memory is per config).
-            scheduler = Scheduler::new(cfg.clone());
-            for w in writers.values_mut() {
-                w.plan_version = None;
-                w.planned = false;
-            }
+            writers.reconfigure(cfg_rx.borrow_and_update().clone());
         }
-        // Which groups are ours now.
-        let n = ownership.request_partitions.load(Ordering::Relaxed);
-        let owned = ownership.owned();
-        for g in &cfg.groups {
-            let mine = n > 0 && owned.contains(&writer_partition(&g.id, n));
-            match (mine, writers.contains_key(&g.id)) {
-                (true, false) => {
-                    writers.insert(
-                        g.id.clone(),
-                        Writer {
-                            epoch: None,
-                            version: 0,
-                            plan_version: None,
-                            last_write_ms: 0,
-                            fenced: false,
-                            planned: false,
-                            change_at_ms: None,
-                        },
-                    );
-                }
-                (false, true) => {
-                    writers.remove(&g.id);
-                    metrics.forget_group(&g.id);
-                    tracing::info!(group = %g.id, "no longer this group's writer");
-                }
-                _ => {}
-            }
-        }
-        writers.retain(|g, _| cfg.groups.iter().any(|x| &x.id == g));
-        let now = crate::wall_clock::now_ms();
-        let groups: Vec<String> = writers.keys().cloned().collect();
-        for group in groups {
-            let Some(gi) = cfg.groups.iter().position(|g| g.id == group) else {
-                continue;
-            };
-            let w = writers.get_mut(&group).expect("listed above");
-            if w.fenced {
-                continue;
-            }
-            if w.epoch.is_none() {
-                match publisher.take_epoch(&group).await {
-                    Ok((epoch, stored)) => {
-                        let epoch = stored.as_ref().map_or(epoch, |s| epoch.max(s.epoch + 1));
-                        w.epoch = Some(epoch);
-                        w.version = stored.as_ref().map_or(0, |s| s.version);
-                        board.set_previous_states(
-                            &group,
-                            stored
-                                .map(|s| {
-                                    s.channels
-                                        .into_iter()
-                                        .map(|(c, st)| (c, st.state))
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
-                        );
-                        tracing::info!(%group, epoch, from_version = w.version, "writing this group");
-                    }
-                    Err(e) => {
-                        tracing::warn!(%group, error = %e, "cannot take the writer epoch yet");
-                        continue;
-                    }
-                }
-            }
-            match board.ready(&cfg, &group, now) {
-                Ok(()) => metrics.set_group_waiting(&group, Vec::new()),
-                Err(NotReady::NoReports) => continue,
-                Err(NotReady::Waiting(ch)) => {
-                    metrics.set_group_waiting(&group, ch);
-                    continue;
-                }
-            }
-            let change = board.take_state_change(&group);
-            if let Some(tick) = board.plan_due(&cfg, &group) {
-                scheduler.plan_group(gi, tick, &board.health(&group), true);
-                w.planned = true;
-            } else if let Some((_, watermark)) = change {
-                scheduler.plan_group(gi, watermark, &board.health(&group), true);
-                w.planned = true;
-            }
-            if let Some((at, _)) = change {
-                w.change_at_ms = Some(w.change_at_ms.map_or(at, |t| t.min(at)));
-            }
-            let Some(plan) = scheduler.plan(&group).filter(|_| w.planned) else {
-                continue;
-            };
-            let changed = w.plan_version != Some(plan.version);
-            if !changed {
-                // The change moved no weight: there is no decision to time.
-                w.change_at_ms = None;
-            }
-            let heartbeat_due = now - w.last_write_ms >= cfg.service.heartbeat_ms;
-            if !changed && !heartbeat_due {
-                continue;
-            }
-            let epoch = w.epoch.unwrap_or(1);
-            let version = if changed { w.version + 1 } else { w.version };
-            let mut snap = WeightSnapshot::from_plan(plan, epoch, now);
-            snap.version = version;
-            match publisher.write(&snap).await {
-                Ok(WriteOutcome::Stale { stored_epoch, .. }) => {
-                    Metrics::inc(&metrics.snapshots_refused_stale);
-                    tracing::warn!(%group, epoch, stored_epoch, "fenced: another writer owns this group");
-                    w.fenced = true;
-                }
-                Ok(outcome) => {
-                    if outcome == WriteOutcome::Written {
-                        Metrics::inc(&metrics.snapshots_written);
-                        if let Some(at) = w.change_at_ms.take() {
-                            metrics
-                                .decision_publish
-                                .observe_ms(crate::wall_clock::now_ms() - at);
-                        }
-                    } else {
-                        Metrics::inc(&metrics.snapshot_heartbeats);
-                    }
-                    w.version = version;
-                    w.plan_version = Some(plan.version);
-                    w.last_write_ms = now;
-                    let mut weights = BTreeMap::new();
-                    let mut shed = BTreeMap::new();
-                    for (class, cw) in &snap.classes {
-                        shed.insert(class.clone(), cw.shed);
-                        for (ch, x) in &cw.weights {
-                            weights.insert((class.clone(), ch.clone()), *x);
-                        }
-                    }
-                    metrics.set_group(
-                        &group,
-                        GroupGauges {
-                            epoch,
-                            version,
-                            heartbeat_ms: now,
-                            weights,
-                            shed,
-                            waiting_for: Vec::new(),
-                        },
-                    );
-                }
-                Err(e) => {
-                    // Retried next round with the then-current plan; gateways
-                    // keep the last snapshot meanwhile.
-                    Metrics::inc(&metrics.snapshot_failures);
-                    tracing::debug!(%group, error = %e, "snapshot not written yet");
-                }
-            }
-        }
+        writers.sync_ownership(&ownership);
+        writers.on_tick().await;
     }
     Ok(())
 }

@@ -26,10 +26,10 @@ use super::registry::Registry;
 use super::state_store::{SavedState, StateStore, StateWrite};
 use crate::alert::AlertEvent;
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
+use crate::composition::{health_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
 use crate::engine::{ApplyError, ChannelIdx, Engine};
-use crate::health::{HealthReport, REPORT_FORMAT};
 use crate::state::StateMachine;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -292,7 +292,8 @@ struct Partition {
     /// When `advance_idle` last asked the broker whether this partition is
     /// really idle (at most once per `idle_advance_ms`).
     last_idle_check: Instant,
-    evaluations: u64,
+    /// When the engine's steps are reported (`composition::ReportGate`).
+    gate: ReportGate,
     saved: ahash::AHashMap<String, StateMachine>,
     active: bool,
 }
@@ -630,7 +631,7 @@ impl LoopState {
                                 replay_floor_ms,
                                 last_record: Instant::now(),
                                 last_idle_check: Instant::now(),
-                                evaluations: 0,
+                                gate: ReportGate::default(),
                                 saved: restored,
                                 active: true,
                             },
@@ -861,13 +862,10 @@ impl LoopState {
             return Ok(());
         };
         let replaying = part.replaying();
-        // A state change between ticks (the consecutive-failure fast path)
-        // is reported at once, not at the next tick: a drain must reach
-        // gateways in well under a second.
-        let changed = part
-            .alerts
-            .iter()
-            .any(|a| a.kind == crate::alert::AlertKind::Transition);
+        // Reported after a tick, and at once after a state change between
+        // ticks (the fast path): a drain must reach gateways in well under a
+        // second.
+        let due = part.gate.due(&part.engine, &part.alerts);
         for a in part.alerts.drain(..) {
             if replaying {
                 continue; // the previous owner produced these
@@ -885,16 +883,13 @@ impl LoopState {
             }
             Metrics::inc(&self.metrics.alerts_produced);
         }
-        let evaluations = part.engine.stats().evaluations;
-        if evaluations == part.evaluations && !changed {
+        let Some(changed) = due else {
             return Ok(());
-        }
-        part.evaluations = evaluations;
+        };
         let changed_at_wall_ms = changed.then(crate::wall_clock::now_ms);
         let Some(watermark) = part.engine.watermark_ms() else {
             return Ok(());
         };
-        let mut by_group: BTreeMap<String, Vec<crate::health::ChannelHealth>> = BTreeMap::new();
         for idx in 0..part.engine.channel_count() as ChannelIdx {
             if !part.engine.has_events(idx) {
                 continue;
@@ -928,24 +923,14 @@ impl LoopState {
                     partition: p,
                 },
             );
-            by_group.entry(h.group.clone()).or_default().push(h);
         }
-        if !(part.caught_up() && part.engine.is_warm()) {
+        if !part.caught_up() {
             return Ok(());
         }
-        for (group, channels) in by_group {
-            let report = HealthReport {
-                format: REPORT_FORMAT,
-                group: group.clone(),
-                instance: self.instance.clone(),
-                partition: p,
-                watermark_ms: watermark,
-                channels,
-                changed_at_wall_ms,
-            };
+        for report in health_reports(&part.engine, &self.instance, p, changed_at_wall_ms) {
             let bytes = report.to_json();
             let rec = BaseRecord::to(&self.cfg.kafka.health_topic)
-                .key(group.as_bytes())
+                .key(report.group.as_bytes())
                 .payload(&bytes[..]);
             if kafka::send(&self.producer, rec) {
                 Metrics::inc(&self.metrics.health_reports);

@@ -18,10 +18,12 @@ pub mod scenario;
 
 use crate::alert::AlertEvent;
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
-use crate::composition::Pipeline;
+use crate::composition::Composition;
 use crate::config::Config;
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::schedule::Plan;
+use crate::publish::WeightSnapshot;
+use crate::routing::{Pick, RoutingTable};
+use crate::schedule::Scheduler;
 use crate::state::StateKind;
 use scenario::{Behavior, Fault, Scenario, SimChannel};
 use std::cmp::Reverse;
@@ -487,37 +489,31 @@ enum Routed {
     Unsent(Dispatch, usize),
 }
 
-/// Routes one request by the plan: shed by the class's shed share, else a
-/// weighted pick. A shed request still names the channel the weights would
-/// have picked; with no weighted channel, any channel (uniformly).
-fn route(plan: &Plan, class: TrafficClass, index: &[usize], rng: &mut Rng) -> Routed {
-    let cp = plan.class(class);
-    let shed = rng.chance(cp.shed);
-    let mut u = rng.f64();
-    let mut last = None;
-    for (i, (_, w)) in cp.weights.iter().enumerate() {
-        if *w <= 0.0 {
-            continue;
-        }
-        last = Some(index[i]);
-        if u < *w {
-            break;
-        }
-        u -= *w;
-    }
-    match (last, shed) {
-        (Some(j), false) => Routed::To(j),
-        (Some(j), true) => Routed::Unsent(Dispatch::Shed, j),
-        (None, _) => {
-            let any = ((rng.f64() * index.len() as f64) as usize).min(index.len() - 1);
-            Routed::Unsent(Dispatch::NoChannel, index[any])
-        }
-    }
+/// Routes one request as a gateway does ([`RoutingTable::pick`]): shed by
+/// the class's shed share, else a weighted pick. A request not sent names
+/// the channel [`RoutingTable::unsent_channel`] gives (the schema's rule
+/// for unsent events). `ids`: the scenario's channels, by index.
+fn route(table: &RoutingTable, class: TrafficClass, ids: &[String], rng: &mut Rng) -> Routed {
+    let index = |id: &str| ids.iter().position(|c| c == id);
+    let (u_shed, u1, u2) = (rng.f64(), rng.f64(), rng.f64());
+    let how = match table.pick(class, u_shed, u1, u2) {
+        Pick::Channel(id) => match index(id) {
+            Some(j) => return Routed::To(j),
+            None => Dispatch::NoChannel,
+        },
+        Pick::Shed => Dispatch::Shed,
+        Pick::NoRoute => Dispatch::NoChannel,
+    };
+    let named = table
+        .unsent_channel(class, rng.f64(), rng.f64())
+        .and_then(index)
+        .unwrap_or(0);
+    Routed::Unsent(how, named)
 }
 
 /// Where a simulated gateway's events go: encoded and decoded through the
 /// wire codec (so the drills exercise it), recorded if asked, and applied to
-/// the pipeline when Hermes routes.
+/// the composition when Hermes routes.
 struct Emitter<'r> {
     encoder: Encoder,
     decoder: Decoder,
@@ -527,7 +523,12 @@ struct Emitter<'r> {
 }
 
 impl Emitter<'_> {
-    fn emit(&mut self, ev: &RequestEvent<'_>, pipeline: &mut Pipeline, result: &mut RunResult) {
+    fn emit(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        composition: &mut Composition,
+        result: &mut RunResult,
+    ) {
         self.buf.clear();
         if self.encoder.encode_plain(ev, &mut self.buf).is_err() {
             result.codec_errors += 1;
@@ -540,7 +541,7 @@ impl Emitter<'_> {
         if self.routing == Routing::Hermes {
             match self.decoder.decode(&self.buf, &NoRegistry) {
                 Ok(decoded) => {
-                    let _ = pipeline.apply(&decoded);
+                    let _ = composition.apply(&decoded);
                 }
                 Err(_) => result.codec_errors += 1,
             }
@@ -563,8 +564,7 @@ pub fn run(
         .iter()
         .map(|c| Behavior::base().with(&c.normal))
         .collect();
-    let mut pipeline = Pipeline::new(cfg.clone());
-    let mut replans = 0;
+    let mut composition = Composition::new(cfg.clone());
     let mut rng = Rng::new(seed);
     let mut queue: BinaryHeap<Reverse<Queued>> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -583,17 +583,19 @@ pub fn run(
         .collect();
     let mut streaks = vec![crate::window::FailureStreak::default(); n];
 
-    // The plan's channel order is by id; map plan positions to scenario indices.
+    // Static weights: the scheduler's plan before any health (trust-tier
+    // shares). The static run routes by them throughout; Hermes's gateways
+    // route by them until the first snapshot is published, as a gateway
+    // with no snapshot yet falls back to its configured weights.
     let group = &cfg.groups[0].id;
-    let mut plan = match pipeline.scheduler.plan(group) {
-        Some(p) => p.clone(),
-        None => return result,
+    let mut initial = Scheduler::new(cfg.clone());
+    initial.plan_group(0, 0, &[], false);
+    let Some(static_plan) = initial.plan(group) else {
+        return result;
     };
-    let plan_index: Vec<usize> = plan
-        .channels
-        .iter()
-        .map(|p| sc.channels.iter().position(|c| c.id == p.id).unwrap_or(0))
-        .collect();
+    let mut table = RoutingTable::new(WeightSnapshot::from_plan(static_plan, 0, sc.start_ms));
+    let ids: Vec<String> = sc.channels.iter().map(|c| c.id.clone()).collect();
+    let (mut plans, mut published) = (0, 0);
 
     let mut emitter = Emitter {
         encoder: Encoder::default(),
@@ -612,7 +614,7 @@ pub fn run(
                   t_ms: i64,
                   seq: &mut u64,
                   emitter: &mut Emitter,
-                  pipeline: &mut Pipeline,
+                  composition: &mut Composition,
                   result: &mut RunResult| {
         result.shed += 1;
         result.failed_requests += 1;
@@ -629,7 +631,7 @@ pub fn run(
                 attempt,
                 dispatch: how,
             });
-            emitter.emit(&ev, pipeline, result);
+            emitter.emit(&ev, composition, result);
         }
     };
 
@@ -734,7 +736,7 @@ pub fn run(
             }
             let Some(Reverse(q)) = queue.pop() else { break };
             match q.what {
-                Pending::Retry(mut req) => match route(&plan, req.class, &plan_index, &mut rng) {
+                Pending::Retry(mut req) => match route(&table, req.class, &ids, &mut rng) {
                     Routed::To(j) => {
                         req.channel = j;
                         result.retries += 1;
@@ -759,7 +761,7 @@ pub fn run(
                         q.at_ms,
                         &mut seq,
                         &mut emitter,
-                        &mut pipeline,
+                        &mut composition,
                         &mut result,
                     ),
                 },
@@ -769,7 +771,7 @@ pub fn run(
                     use std::fmt::Write;
                     let _ = write!(id_buf, "sim-{}", q.seq);
                     let ev = d.event(&id_buf, q.at_ms, &c.id, &sc.gateway.group, "sim-gw");
-                    emitter.emit(&ev, &mut pipeline, &mut result);
+                    emitter.emit(&ev, &mut composition, &mut result);
                     // Fast-path bookkeeping for the report.
                     let j = d.req.channel;
                     let before = streaks[j].count;
@@ -814,38 +816,46 @@ pub fn run(
             }
         }
         if routing == Routing::Hermes {
-            pipeline.advance_to(t_ms);
+            composition.advance_to(t_ms);
         }
 
-        // 2. Gateways pick up the new plan after each re-planning round.
-        if pipeline.replans() != replans {
-            replans = pipeline.replans();
-            if let Some(p) = pipeline.scheduler.plan(group) {
-                plan = p.clone();
+        // 2. Gateways pick up each new snapshot; the timeline samples every
+        //    planning round.
+        if composition.plans() != plans {
+            plans = composition.plans();
+            if composition.published() != published {
+                published = composition.published();
+                if let Some(snap) = composition.snapshot(group) {
+                    table = RoutingTable::new(snap.clone());
+                }
             }
-            let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
-            for (pos, cp) in plan.channels.iter().enumerate() {
-                let j = plan_index[pos];
-                let (state, hw, score) = pipeline.engine.channel_index(&cp.id).map_or(
-                    (StateKind::Healthy, 1.0, None),
-                    |i| {
-                        let m = pipeline.engine.machine(i);
-                        let h = pipeline.engine.health(i);
-                        (m.kind(), h.weight, h.score)
-                    },
-                );
-                let share = if total > 0.0 {
-                    cp.planned_rps / total
-                } else {
-                    0.0
-                };
-                result.channels[j].samples.push(Sample {
-                    t_s,
-                    state,
-                    health_weight: hw,
-                    traffic_share: share,
-                    score,
-                });
+            if let Some(plan) = composition.plan(group) {
+                let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
+                for cp in &plan.channels {
+                    let Some(j) = ids.iter().position(|id| *id == cp.id) else {
+                        continue;
+                    };
+                    let (state, hw, score) = composition.engine.channel_index(&cp.id).map_or(
+                        (StateKind::Healthy, 1.0, None),
+                        |i| {
+                            let m = composition.engine.machine(i);
+                            let h = composition.engine.health(i);
+                            (m.kind(), h.weight, h.score)
+                        },
+                    );
+                    let share = if total > 0.0 {
+                        cp.planned_rps / total
+                    } else {
+                        0.0
+                    };
+                    result.channels[j].samples.push(Sample {
+                        t_s,
+                        state,
+                        health_weight: hw,
+                        traffic_share: share,
+                        score,
+                    });
+                }
             }
         }
 
@@ -886,7 +896,7 @@ pub fn run(
                 let long = rng.chance(tr.long_share);
                 let structured = rng.chance(tr.structured_share);
                 let at = t_ms + (rng.f64() * step as f64) as i64;
-                match route(&plan, class, &plan_index, &mut rng) {
+                match route(&table, class, &ids, &mut rng) {
                     Routed::To(j) => {
                         let req = Request {
                             class,
@@ -917,14 +927,14 @@ pub fn run(
                         at,
                         &mut seq,
                         &mut emitter,
-                        &mut pipeline,
+                        &mut composition,
                         &mut result,
                     ),
                 }
             }
         }
     }
-    result.alerts = std::mem::take(&mut pipeline.alerts);
+    result.alerts = std::mem::take(&mut composition.alerts);
     result
 }
 
