@@ -1463,8 +1463,20 @@ capacity_rps = 40
         assert_eq!(paid.initial_weight, 0.7);
         assert_eq!(free.policy.states.consecutive_failures, 4);
         assert_eq!(paid.policy.states.consecutive_failures, 5);
-        assert_eq!(paid.policy.signals.p99_latency_ms.normal, 2000.0);
-        assert_eq!(free.policy.signals.p99_latency_ms.normal, 1500.0);
+        assert_eq!(
+            paid.policy
+                .signals
+                .get(crate::signals::SignalKind::P99Latency)
+                .normal,
+            2000.0
+        );
+        assert_eq!(
+            free.policy
+                .signals
+                .get(crate::signals::SignalKind::P99Latency)
+                .normal,
+            1500.0
+        );
         assert_eq!(paid.policy.states.at_risk_enter, 0.45);
         assert_eq!(c.engine.outcome_window, 100);
     }
@@ -1503,8 +1515,20 @@ capacity_rps = 40
             format!("{MINIMAL}\n[groups.channels.policy.signals.p99_latency_ms]\nnormal = 900.0\n");
         let c = Config::from_toml(&text).unwrap();
         let paid = &c.groups[0].channels[1];
-        assert_eq!(paid.policy.signals.p99_latency_ms.normal, 900.0);
-        assert_eq!(paid.policy.signals.p99_latency_ms.degraded, 6000.0);
+        assert_eq!(
+            paid.policy
+                .signals
+                .get(crate::signals::SignalKind::P99Latency)
+                .normal,
+            900.0
+        );
+        assert_eq!(
+            paid.policy
+                .signals
+                .get(crate::signals::SignalKind::P99Latency)
+                .degraded,
+            6000.0
+        );
     }
 
     fn issues(text: &str) -> Vec<String> {

@@ -11,72 +11,195 @@
 use crate::window::{Baseline, Counters, Digest, OutcomeWindow, SliceRing};
 use serde::{Deserialize, Serialize};
 
-/// Every scored signal, in the order of `SignalPolicies::entries`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SignalKind {
-    P99Latency,
-    RelativeP99,
-    LongP99Latency,
-    TtfbP99,
-    SlowRatio,
-    ErrorRate,
-    LongErrorRate,
-    RecentFailureRate,
-    BadOutcomeRate,
-    RateLimitedRate,
-    RetryRate,
-    TruncationRate,
-    SchemaInvalidRate,
-    GarbledRate,
-    OutputTokensMedian,
-    OutputTokensRelative,
-    ShortOutputShare,
+/// How a signal is measured (see [`measure`]).
+#[derive(Clone, Copy)]
+pub enum Method {
+    /// A share of a view's counters: `of` gives (share, denominator) given
+    /// `client_error_weight`; the first view whose denominator has
+    /// `min_samples`. `real_only` skips the probe views.
+    Rate {
+        real_only: bool,
+        of: fn(&Counters, f64) -> (f64, u32),
+    },
+    /// Hard failures among the last `engine.outcome_window` outcomes.
+    RecentOutcomes,
+    /// Quantile `q` of a digest, over the first view whose counters show
+    /// `min_samples` by `count`. `probe_fallback`: with too little real
+    /// traffic, the same quantile of probe latency (a drained channel).
+    Quantile {
+        digest: Digest,
+        q: f64,
+        count: fn(&Counters) -> u32,
+        probe_fallback: bool,
+    },
+    /// An earlier signal of the table over its learned baseline.
+    Relative {
+        of: SignalKind,
+        baseline: fn(&Baseline, u32) -> Option<f64>,
+    },
 }
 
-pub const SIGNAL_COUNT: usize = 17;
+/// One scored signal: its kind, config key, how it is measured and its
+/// default policy. [`SIGNALS`] holds them in [`SignalKind`] order.
+#[derive(Clone, Copy)]
+pub struct SignalDef {
+    pub kind: SignalKind,
+    /// The config key under `signals` (and the metric / breakdown label).
+    pub name: &'static str,
+    pub method: Method,
+    pub default: SignalPolicy,
+}
+
+/// Declares every signal once: the [`SignalKind`] variant (with its doc),
+/// its entry in [`SIGNALS`], and its config key in [`SignalPolicies`].
+macro_rules! signal_table {
+    ($( $(#[$doc:meta])* $kind:ident = $name:literal, $method:expr, $default:expr; )*) => {
+        /// Every scored signal, in table order.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum SignalKind {
+            $( $(#[$doc])* $kind, )*
+        }
+
+        /// Number of scored signals.
+        pub const SIGNAL_COUNT: usize = [$(SignalKind::$kind),*].len();
+
+        /// The signal table: the one place a signal is declared.
+        pub const SIGNALS: [SignalDef; SIGNAL_COUNT] = [
+            $( SignalDef {
+                kind: SignalKind::$kind,
+                name: $name,
+                method: $method,
+                default: $default,
+            }, )*
+        ];
+
+        /// Config keys of `signals`: every signal, then the two settings.
+        const POLICY_KEYS: &[&str] = &[$($name,)* "client_error_weight", "bad_outcome_confidence_z"];
+    };
+}
+
+const fn rate(real_only: bool, of: fn(&Counters, f64) -> (f64, u32)) -> Method {
+    Method::Rate { real_only, of }
+}
+
+const fn quantile(digest: Digest, q: f64, count: fn(&Counters) -> u32) -> Method {
+    Method::Quantile {
+        digest,
+        q,
+        count,
+        probe_fallback: false,
+    }
+}
+
+signal_table! {
+    /// P99 total latency, ms. SPEC §5: 0.25 over [2 s, 6 s] (seed 000).
+    P99Latency = "p99_latency_ms",
+        Method::Quantile { digest: Digest::Latency, q: 0.99, count: |c| c.requests, probe_fallback: true },
+        sig(0.25, 2_000.0, 6_000.0, 50);
+    /// P99 ÷ baseline P99. SPEC §4 / seed 004: ≥ 2.5 is sub-health even under
+    /// the absolute bound, so at 2.5 this alone reaches the AT_RISK score.
+    RelativeP99 = "relative_p99",
+        Method::Relative { of: SignalKind::P99Latency, baseline: |b, n| b.p99_ms(n) },
+        sig(0.45, 1.5, 2.5, 50);
+    /// P99 latency of long-input requests, ms (failures only on long requests).
+    LongP99Latency = "long_p99_latency_ms",
+        quantile(Digest::LatencyLong, 0.99, |c| c.long_requests),
+        sig(0.10, 4_000.0, 12_000.0, 20);
+    /// P99 time to first token, ms.
+    TtfbP99 = "ttfb_p99_ms",
+        quantile(Digest::Ttfb, 0.99, |c| c.requests),
+        sig(0.10, 1_500.0, 5_000.0, 50);
+    /// Share of requests slower than `engine.slow_request_ms`.
+    SlowRatio = "slow_ratio",
+        rate(false, |c, _| (ratio(c.slow as f64, c.requests), c.requests)),
+        sig(0.10, 0.05, 0.25, 20);
+    /// Share of failed attempts (client 4xx weighted by
+    /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
+    ErrorRate = "error_rate",
+        rate(false, |c, cew| {
+            (ratio(c.errors as f64 + cew * c.client_errors as f64, c.requests), c.requests)
+        }),
+        sig(0.20, 0.01, 0.05, 20);
+    /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
+    /// long requests only, invisible in the channel-wide rate). Weighted so
+    /// that alone, at its degraded bound, it reaches AT_RISK.
+    LongErrorRate = "long_error_rate",
+        rate(true, |c, _| (ratio(c.long_errors as f64, c.long_requests), c.long_requests)),
+        sig(0.45, 0.05, 0.25, 20);
+    /// Hard failures among the last `engine.outcome_window` outcomes, however
+    /// far apart in time (seed 002's sparse failures). With the error rate it
+    /// lets sustained hard failures drain a channel without help from
+    /// latency: the SPEC's error weight (0.20) alone never could.
+    RecentFailureRate = "recent_failure_rate",
+        Method::RecentOutcomes,
+        sig(0.45, 0.03, 0.15, 20);
+    /// SPEC §5a, "a bad answer is a failed request": hard failures plus bad
+    /// answers (truncated, garbled, schema-invalid, short or empty with HTTP
+    /// 200) over hard failures plus successes. Alone at its degraded bound it
+    /// drains (0.70 ≥ `drain_enter`), so any one kind of bad answer at 9–10 %
+    /// of answers takes a channel out with normal status and latency, while
+    /// 2–3 % (seed 000's healthy truncation floor) scores nothing.
+    BadOutcomeRate = "bad_outcome_rate",
+        rate(false, |c, _| {
+            let judged = c.hard_failures + c.successes;
+            (ratio((c.hard_failures + c.bad_answers) as f64, judged), judged)
+        }),
+        sig(0.70, 0.03, 0.09, 50);
+    /// Share of 429 responses.
+    RateLimitedRate = "rate_limited_rate",
+        rate(false, |c, _| (ratio(c.rate_limited as f64, c.requests), c.requests)),
+        sig(0.30, 0.02, 0.10, 20);
+    /// Share of attempts that are retries (attempt > 0). SPEC §5: 0.20 over
+    /// [2 %, 10 %] (seed 000).
+    RetryRate = "retry_rate",
+        rate(true, |c, _| (ratio(c.retries as f64, c.requests), c.requests)),
+        sig(0.20, 0.02, 0.10, 20);
+    /// Share of truncated outputs. SPEC §5: 0.20 over [5 %, 40 %].
+    TruncationRate = "truncation_rate",
+        rate(false, |c, _| (ratio(c.truncated as f64, c.successes), c.successes)),
+        sig(0.20, 0.05, 0.40, 20);
+    /// Share of structured outputs that failed their schema (seed 002: > 1 %
+    /// missing fields is sub-health).
+    SchemaInvalidRate = "schema_invalid_rate",
+        rate(false, |c, _| (ratio(c.schema_invalid as f64, c.structured), c.structured)),
+        sig(0.15, 0.01, 0.10, 10);
+    /// Share of outputs containing U+FFFD (seed 003: garbled text).
+    GarbledRate = "garbled_rate",
+        rate(false, |c, _| (ratio(c.garbled as f64, c.successes), c.successes)),
+        sig(0.15, 0.01, 0.10, 20);
+    /// Median output tokens (lower is worse). SPEC §5: 0.15 over [500, 150].
+    OutputTokensMedian = "output_tokens_median",
+        quantile(Digest::OutputTokens, 0.5, |c| c.successes),
+        sig(0.15, 500.0, 150.0, 20);
+    /// Median output tokens ÷ its baseline (lower is worse): the
+    /// workload-independent twin of the absolute bound.
+    OutputTokensRelative = "output_tokens_relative",
+        Method::Relative { of: SignalKind::OutputTokensMedian, baseline: |b, n| b.output_median(n) },
+        sig(0.15, 0.8, 0.4, 20);
+    /// Share of outputs under `engine.short_output_tokens`.
+    ShortOutputShare = "short_output_share",
+        rate(true, |c, _| (ratio(c.short_outputs as f64, c.successes), c.successes)),
+        sig(0.10, 0.10, 0.50, 20);
+}
 
 impl SignalKind {
-    pub const ALL: [SignalKind; SIGNAL_COUNT] = [
-        SignalKind::P99Latency,
-        SignalKind::RelativeP99,
-        SignalKind::LongP99Latency,
-        SignalKind::TtfbP99,
-        SignalKind::SlowRatio,
-        SignalKind::ErrorRate,
-        SignalKind::LongErrorRate,
-        SignalKind::RecentFailureRate,
-        SignalKind::BadOutcomeRate,
-        SignalKind::RateLimitedRate,
-        SignalKind::RetryRate,
-        SignalKind::TruncationRate,
-        SignalKind::SchemaInvalidRate,
-        SignalKind::GarbledRate,
-        SignalKind::OutputTokensMedian,
-        SignalKind::OutputTokensRelative,
-        SignalKind::ShortOutputShare,
-    ];
+    pub const ALL: [SignalKind; SIGNAL_COUNT] = {
+        let mut all = [SignalKind::P99Latency; SIGNAL_COUNT];
+        let mut i = 0;
+        while i < SIGNAL_COUNT {
+            all[i] = SIGNALS[i].kind;
+            i += 1;
+        }
+        all
+    };
+
+    pub fn def(self) -> &'static SignalDef {
+        &SIGNALS[self as usize]
+    }
 
     /// The config key (and metric / breakdown label).
     pub fn name(self) -> &'static str {
-        match self {
-            SignalKind::P99Latency => "p99_latency_ms",
-            SignalKind::RelativeP99 => "relative_p99",
-            SignalKind::LongP99Latency => "long_p99_latency_ms",
-            SignalKind::TtfbP99 => "ttfb_p99_ms",
-            SignalKind::SlowRatio => "slow_ratio",
-            SignalKind::ErrorRate => "error_rate",
-            SignalKind::LongErrorRate => "long_error_rate",
-            SignalKind::RecentFailureRate => "recent_failure_rate",
-            SignalKind::BadOutcomeRate => "bad_outcome_rate",
-            SignalKind::RateLimitedRate => "rate_limited_rate",
-            SignalKind::RetryRate => "retry_rate",
-            SignalKind::TruncationRate => "truncation_rate",
-            SignalKind::SchemaInvalidRate => "schema_invalid_rate",
-            SignalKind::GarbledRate => "garbled_rate",
-            SignalKind::OutputTokensMedian => "output_tokens_median",
-            SignalKind::OutputTokensRelative => "output_tokens_relative",
-            SignalKind::ShortOutputShare => "short_output_share",
-        }
+        self.def().name
     }
 
     /// Whether the signal is a share of attempts (a binomial proportion, for
@@ -84,23 +207,13 @@ impl SignalKind {
     /// quantiles and ratios of quantiles.
     pub fn is_rate(self) -> bool {
         matches!(
-            self,
-            SignalKind::SlowRatio
-                | SignalKind::ErrorRate
-                | SignalKind::LongErrorRate
-                | SignalKind::RecentFailureRate
-                | SignalKind::BadOutcomeRate
-                | SignalKind::RateLimitedRate
-                | SignalKind::RetryRate
-                | SignalKind::TruncationRate
-                | SignalKind::SchemaInvalidRate
-                | SignalKind::GarbledRate
-                | SignalKind::ShortOutputShare
+            self.def().method,
+            Method::Rate { .. } | Method::RecentOutcomes
         )
     }
 
     pub fn policy(self, p: &SignalPolicies) -> &SignalPolicy {
-        p.entries()[self as usize].1
+        p.get(self)
     }
 }
 
@@ -126,61 +239,15 @@ const fn sig(weight: f64, normal: f64, degraded: f64, min_samples: u32) -> Signa
     }
 }
 
-/// Every scored signal. The five with SPEC §5 seed weights (P99, error rate,
-/// retry rate, truncation, output-token median) sum to 1.0 on their own; the
-/// others add detection paths the seeds asked for. The score is clamped to 1.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// Every signal's policy (config `signals.<name>`, defaults from
+/// [`SIGNALS`]) and two settings. The five with SPEC §5 seed weights (P99,
+/// error rate, retry rate, truncation, output-token median) sum to 1.0 on
+/// their own; the others add detection paths the seeds asked for. The score
+/// is clamped to 1.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SignalPolicies {
-    /// P99 total latency, ms. SPEC §5: 0.25 over [2 s, 6 s] (seed 000).
-    pub p99_latency_ms: SignalPolicy,
-    /// P99 ÷ baseline P99. SPEC §4 / seed 004: ≥ 2.5 is sub-health even under
-    /// the absolute bound, so at 2.5 this alone reaches the AT_RISK score.
-    pub relative_p99: SignalPolicy,
-    /// P99 latency of long-input requests, ms (failures only on long requests).
-    pub long_p99_latency_ms: SignalPolicy,
-    /// P99 time to first token, ms.
-    pub ttfb_p99_ms: SignalPolicy,
-    /// Share of requests slower than `engine.slow_request_ms`.
-    pub slow_ratio: SignalPolicy,
-    /// Share of failed attempts (client 4xx weighted by
-    /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
-    pub error_rate: SignalPolicy,
-    /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
-    /// long requests only, invisible in the channel-wide rate). Weighted so
-    /// that alone, at its degraded bound, it reaches AT_RISK.
-    pub long_error_rate: SignalPolicy,
-    /// Hard failures among the last `engine.outcome_window` outcomes, however
-    /// far apart in time (seed 002's sparse failures). With the error rate it
-    /// lets sustained hard failures drain a channel without help from
-    /// latency: the SPEC's error weight (0.20) alone never could.
-    pub recent_failure_rate: SignalPolicy,
-    /// SPEC §5a, "a bad answer is a failed request": hard failures plus bad
-    /// answers (truncated, garbled, schema-invalid, short or empty with HTTP
-    /// 200) over hard failures plus successes. Alone at its degraded bound it
-    /// drains (0.70 ≥ `drain_enter`), so any one kind of bad answer at 9–10 %
-    /// of answers takes a channel out with normal status and latency, while
-    /// 2–3 % (seed 000's healthy truncation floor) scores nothing.
-    pub bad_outcome_rate: SignalPolicy,
-    /// Share of 429 responses.
-    pub rate_limited_rate: SignalPolicy,
-    /// Share of attempts that are retries (attempt > 0). SPEC §5: 0.20 over
-    /// [2 %, 10 %] (seed 000).
-    pub retry_rate: SignalPolicy,
-    /// Share of truncated outputs. SPEC §5: 0.20 over [5 %, 40 %].
-    pub truncation_rate: SignalPolicy,
-    /// Share of structured outputs that failed their schema (seed 002: > 1 %
-    /// missing fields is sub-health).
-    pub schema_invalid_rate: SignalPolicy,
-    /// Share of outputs containing U+FFFD (seed 003: garbled text).
-    pub garbled_rate: SignalPolicy,
-    /// Median output tokens (lower is worse). SPEC §5: 0.15 over [500, 150].
-    pub output_tokens_median: SignalPolicy,
-    /// Median output tokens ÷ its baseline (lower is worse): the
-    /// workload-independent twin of the absolute bound.
-    pub output_tokens_relative: SignalPolicy,
-    /// Share of outputs under `engine.short_output_tokens`.
-    pub short_output_share: SignalPolicy,
+    /// Per signal, in [`SignalKind`] order.
+    pub by_kind: [SignalPolicy; SIGNAL_COUNT],
     /// How much a client 4xx counts toward `error_rate` (SPEC §4: lightly).
     pub client_error_weight: f64,
     /// `bad_outcome_rate` is scored at its Wilson lower bound this many
@@ -194,23 +261,7 @@ pub struct SignalPolicies {
 impl Default for SignalPolicies {
     fn default() -> Self {
         SignalPolicies {
-            p99_latency_ms: sig(0.25, 2_000.0, 6_000.0, 50),
-            relative_p99: sig(0.45, 1.5, 2.5, 50),
-            long_p99_latency_ms: sig(0.10, 4_000.0, 12_000.0, 20),
-            ttfb_p99_ms: sig(0.10, 1_500.0, 5_000.0, 50),
-            slow_ratio: sig(0.10, 0.05, 0.25, 20),
-            error_rate: sig(0.20, 0.01, 0.05, 20),
-            long_error_rate: sig(0.45, 0.05, 0.25, 20),
-            recent_failure_rate: sig(0.45, 0.03, 0.15, 20),
-            bad_outcome_rate: sig(0.70, 0.03, 0.09, 50),
-            rate_limited_rate: sig(0.30, 0.02, 0.10, 20),
-            retry_rate: sig(0.20, 0.02, 0.10, 20),
-            truncation_rate: sig(0.20, 0.05, 0.40, 20),
-            schema_invalid_rate: sig(0.15, 0.01, 0.10, 10),
-            garbled_rate: sig(0.15, 0.01, 0.10, 20),
-            output_tokens_median: sig(0.15, 500.0, 150.0, 20),
-            output_tokens_relative: sig(0.15, 0.8, 0.4, 20),
-            short_output_share: sig(0.10, 0.10, 0.50, 20),
+            by_kind: SIGNALS.map(|d| d.default),
             client_error_weight: 0.1,
             bad_outcome_confidence_z: 1.0,
         }
@@ -218,28 +269,64 @@ impl Default for SignalPolicies {
 }
 
 impl SignalPolicies {
-    /// Every signal policy with its config key, in a fixed order (the order of
-    /// `signals::SignalKind`).
+    pub fn get(&self, kind: SignalKind) -> &SignalPolicy {
+        &self.by_kind[kind as usize]
+    }
+
+    pub fn get_mut(&mut self, kind: SignalKind) -> &mut SignalPolicy {
+        &mut self.by_kind[kind as usize]
+    }
+
+    /// Every signal policy with its config key, in table order.
     pub fn entries(&self) -> [(&'static str, &SignalPolicy); SIGNAL_COUNT] {
-        [
-            ("p99_latency_ms", &self.p99_latency_ms),
-            ("relative_p99", &self.relative_p99),
-            ("long_p99_latency_ms", &self.long_p99_latency_ms),
-            ("ttfb_p99_ms", &self.ttfb_p99_ms),
-            ("slow_ratio", &self.slow_ratio),
-            ("error_rate", &self.error_rate),
-            ("long_error_rate", &self.long_error_rate),
-            ("recent_failure_rate", &self.recent_failure_rate),
-            ("bad_outcome_rate", &self.bad_outcome_rate),
-            ("rate_limited_rate", &self.rate_limited_rate),
-            ("retry_rate", &self.retry_rate),
-            ("truncation_rate", &self.truncation_rate),
-            ("schema_invalid_rate", &self.schema_invalid_rate),
-            ("garbled_rate", &self.garbled_rate),
-            ("output_tokens_median", &self.output_tokens_median),
-            ("output_tokens_relative", &self.output_tokens_relative),
-            ("short_output_share", &self.short_output_share),
-        ]
+        std::array::from_fn(|i| (SIGNALS[i].name, &self.by_kind[i]))
+    }
+}
+
+impl Serialize for SignalPolicies {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(SIGNAL_COUNT + 2))?;
+        for (name, p) in self.entries() {
+            m.serialize_entry(name, p)?;
+        }
+        m.serialize_entry("client_error_weight", &self.client_error_weight)?;
+        m.serialize_entry("bad_outcome_confidence_z", &self.bad_outcome_confidence_z)?;
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for SignalPolicies {
+    /// A table keyed by signal name; a signal left out keeps its default, an
+    /// unknown key is an error naming the known ones.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = SignalPolicies;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table of signal policies")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = SignalPolicies::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "client_error_weight" => out.client_error_weight = map.next_value()?,
+                        "bad_outcome_confidence_z" => {
+                            out.bad_outcome_confidence_z = map.next_value()?
+                        }
+                        name => match SIGNALS.iter().position(|d| d.name == name) {
+                            Some(i) => out.by_kind[i] = map.next_value()?,
+                            None => return Err(serde::de::Error::unknown_field(name, POLICY_KEYS)),
+                        },
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Visitor)
     }
 }
 
@@ -376,13 +463,6 @@ pub fn measure(
     };
     let short = ring.counters(now_ms, short_ms, not_before_ms);
     let long = ring.counters(now_ms, cfg.long_window_ms, not_before_ms);
-    // Candidate views in preference order.
-    let views = [
-        (short_ms, Pop::Real, short.real),
-        (cfg.long_window_ms, Pop::Real, long.real),
-        (short_ms, Pop::Probe, short.probe),
-        (cfg.long_window_ms, Pop::Probe, long.probe),
-    ];
     let mut out = Signals {
         short_real: short.real,
         short_probe: short.probe,
@@ -390,242 +470,214 @@ pub fn measure(
         evidence_probe: long.probe.requests,
         ..Signals::default()
     };
-    // In probation a signal votes on the probation's evidence: refusing to
-    // vote there would let a sick channel pass on the signals that did.
-    let probation_cap = match horizon {
-        Horizon::Recent => u32::MAX,
-        Horizon::Whole => probation_min_samples,
+    let mut pass = Pass {
+        ring,
+        // Candidate views in preference order.
+        views: [
+            (short_ms, Pop::Real, short.real),
+            (cfg.long_window_ms, Pop::Real, long.real),
+            (short_ms, Pop::Probe, short.probe),
+            (cfg.long_window_ms, Pop::Probe, long.probe),
+        ],
+        now_ms,
+        not_before_ms,
+        horizon,
+        cfg,
+        policy,
+        // In probation a signal votes on the probation's evidence: refusing
+        // to vote there would let a sick channel pass on the signals that
+        // did.
+        probation_cap: match horizon {
+            Horizon::Recent => u32::MAX,
+            Horizon::Whole => probation_min_samples,
+        },
     };
-    let min = |k: SignalKind| k.policy(policy).min_samples.min(probation_cap);
+    // The table, in order: a `Relative` signal reads an earlier one, when
+    // that one was measured on real traffic (the baseline is learned there).
+    let mut on_probes = [false; SIGNAL_COUNT];
+    for def in &SIGNALS {
+        let m = pass.one(def, outcomes, baseline, &mut out, &mut on_probes);
+        out.values[def.kind as usize] = m;
+    }
+    out.unconditioned_rates(&short);
+    out.quota_forecast(pass.ring, now_ms, cfg.long_window_ms);
+    out
+}
 
-    // Counter-based rates: the first view with enough denominator samples.
-    let counter_signal = |k: SignalKind,
-                          real_only: bool,
-                          f: &dyn Fn(&Counters) -> (f64, u32)|
-     -> Option<Measurement> {
-        views
+impl LatencySummary {
+    /// The P99 latency measurement and the digest behind it.
+    fn of(p99: Measurement, d: &tdigest::TDigest) -> LatencySummary {
+        LatencySummary {
+            p50_ms: d.estimate_quantile(0.5).unwrap_or(0.0),
+            p95_ms: d.estimate_quantile(0.95).unwrap_or(0.0),
+            p99_ms: p99.value,
+            max_ms: d.max().unwrap_or(0.0),
+            samples: p99.samples,
+        }
+    }
+}
+
+impl Signals {
+    /// Error and 429 rates over the short window, unconditioned by
+    /// `min_samples`, for alert rules and the status view.
+    fn unconditioned_rates(&mut self, short: &crate::window::ViewCounters) {
+        let all = {
+            let mut c = short.real;
+            c.requests += short.probe.requests;
+            c.rate_limited += short.probe.rate_limited;
+            c
+        };
+        self.error_rate =
+            (short.real.requests > 0).then(|| ratio(short.real.errors as f64, short.real.requests));
+        self.rate_limited_rate =
+            (all.requests > 0).then(|| ratio(all.rate_limited as f64, all.requests));
+    }
+
+    /// Remaining quota and the time to exhaustion at the burn the reports
+    /// of the long view show.
+    fn quota_forecast(&mut self, ring: &mut SliceRing, now_ms: i64, long_window_ms: i64) {
+        if let Some(((t0, q0), (t1, q1))) = ring.quota_reports(now_ms, long_window_ms) {
+            self.quota_remaining = Some(q1);
+            if t1 > t0 && q0 > q1 {
+                let burn_per_ms = (q0 - q1) as f64 / (t1 - t0) as f64;
+                self.quota_exhausted_in_ms = Some((q1.max(0) as f64 / burn_per_ms) as i64);
+            } else if q1 <= 0 {
+                self.quota_exhausted_in_ms = Some(0);
+            }
+        }
+    }
+}
+
+/// One measurement pass: the ring, the candidate views and what bounds
+/// them.
+struct Pass<'a> {
+    ring: &'a mut SliceRing,
+    views: [(i64, Pop, Counters); 4],
+    now_ms: i64,
+    not_before_ms: i64,
+    horizon: Horizon,
+    cfg: &'a Horizons,
+    policy: &'a SignalPolicies,
+    probation_cap: u32,
+}
+
+impl Pass<'_> {
+    /// Measures one signal of the table. `out` holds the signals before it
+    /// (a `Relative` one reads its base there); `on_probes` marks those
+    /// measured on probe traffic.
+    fn one(
+        &mut self,
+        def: &SignalDef,
+        outcomes: &OutcomeWindow,
+        baseline: &Baseline,
+        out: &mut Signals,
+        on_probes: &mut [bool; SIGNAL_COUNT],
+    ) -> Option<Measurement> {
+        let k = def.kind;
+        let min = self.min(k);
+        match def.method {
+            Method::Rate { real_only, of } => self.rate(min, real_only, of),
+            Method::RecentOutcomes => (outcomes.len() >= min)
+                .then(|| outcomes.failure_rate())
+                .flatten()
+                .map(|value| Measurement {
+                    value,
+                    samples: outcomes.len(),
+                }),
+            Method::Quantile {
+                digest,
+                q,
+                count,
+                probe_fallback,
+            } => {
+                let mut found = self.quantile(digest, q, count, min);
+                if found.is_none() && probe_fallback {
+                    // A drained channel: judged on probes.
+                    on_probes[k as usize] = true;
+                    found = self.quantile(Digest::LatencyProbe, q, count, min);
+                }
+                found.map(|(m, d)| {
+                    if k == SignalKind::P99Latency {
+                        out.latency = Some(LatencySummary::of(m, &d));
+                    }
+                    m
+                })
+            }
+            Method::Relative { of, baseline: base } => out.values[of as usize]
+                .filter(|m| !on_probes[of as usize] && m.samples >= min)
+                .and_then(|m| {
+                    base(baseline, self.cfg.baseline_min_windows)
+                        .filter(|b| *b > 0.0)
+                        .map(|b| Measurement {
+                            value: m.value / b,
+                            samples: m.samples,
+                        })
+                }),
+        }
+    }
+
+    /// The samples signal `k` needs to vote in this pass.
+    fn min(&self, k: SignalKind) -> u32 {
+        k.policy(self.policy).min_samples.min(self.probation_cap)
+    }
+
+    /// A counter share over the first view whose denominator has `min`.
+    fn rate(
+        &self,
+        min: u32,
+        real_only: bool,
+        of: fn(&Counters, f64) -> (f64, u32),
+    ) -> Option<Measurement> {
+        let cew = self.policy.client_error_weight;
+        self.views
             .iter()
             .filter(|v| !real_only || v.1 == Pop::Real)
-            .map(|v| f(&v.2))
-            .find(|(_, n)| *n >= min(k))
+            .map(|v| of(&v.2, cew))
+            .find(|(_, n)| *n >= min)
             .map(|(value, samples)| Measurement { value, samples })
-    };
-    let cew = policy.client_error_weight;
-    let set = |out: &mut Signals, k: SignalKind, m: Option<Measurement>| {
-        out.values[k as usize] = m;
-    };
-    set(
-        &mut out,
-        SignalKind::ErrorRate,
-        counter_signal(SignalKind::ErrorRate, false, &|c| {
-            (
-                ratio(c.errors as f64 + cew * c.client_errors as f64, c.requests),
-                c.requests,
-            )
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::LongErrorRate,
-        counter_signal(SignalKind::LongErrorRate, true, &|c| {
-            (
-                ratio(c.long_errors as f64, c.long_requests),
-                c.long_requests,
-            )
-        }),
-    );
-    // SPEC §5a: a bad answer is a failed request. Hard failures and bad
-    // answers over the outcomes that say something about the channel.
-    set(
-        &mut out,
-        SignalKind::BadOutcomeRate,
-        counter_signal(SignalKind::BadOutcomeRate, false, &|c| {
-            let judged = c.hard_failures + c.successes;
-            (
-                ratio((c.hard_failures + c.bad_answers) as f64, judged),
-                judged,
-            )
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::RateLimitedRate,
-        counter_signal(SignalKind::RateLimitedRate, false, &|c| {
-            (ratio(c.rate_limited as f64, c.requests), c.requests)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::RetryRate,
-        counter_signal(SignalKind::RetryRate, true, &|c| {
-            (ratio(c.retries as f64, c.requests), c.requests)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::SlowRatio,
-        counter_signal(SignalKind::SlowRatio, false, &|c| {
-            (ratio(c.slow as f64, c.requests), c.requests)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::TruncationRate,
-        counter_signal(SignalKind::TruncationRate, false, &|c| {
-            (ratio(c.truncated as f64, c.successes), c.successes)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::SchemaInvalidRate,
-        counter_signal(SignalKind::SchemaInvalidRate, false, &|c| {
-            (ratio(c.schema_invalid as f64, c.structured), c.structured)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::GarbledRate,
-        counter_signal(SignalKind::GarbledRate, false, &|c| {
-            (ratio(c.garbled as f64, c.successes), c.successes)
-        }),
-    );
-    set(
-        &mut out,
-        SignalKind::ShortOutputShare,
-        counter_signal(SignalKind::ShortOutputShare, true, &|c| {
-            (ratio(c.short_outputs as f64, c.successes), c.successes)
-        }),
-    );
-    let recent = SignalKind::RecentFailureRate;
-    if outcomes.len() >= min(recent) {
-        out.values[recent as usize] = outcomes.failure_rate().map(|value| Measurement {
-            value,
-            samples: outcomes.len(),
-        });
     }
 
-    // Digest-based signals: pick the view by counters, then merge once.
-    let mut quantile =
-        |which: Digest, k: SignalKind, q: f64, count_of: &dyn Fn(&Counters) -> u32| {
-            let pop_ok = |p: Pop| match which {
-                Digest::LatencyProbe => p == Pop::Probe,
-                _ => p == Pop::Real,
-            };
-            for (window_ms, pop, c) in views {
-                if !pop_ok(pop) || count_of(&c) < min(k) {
-                    continue;
-                }
-                if let Some(d) = ring.digest(which, now_ms, window_ms, not_before_ms) {
-                    if d.count() as u32 >= min(k) {
-                        let q = if q > 0.5 && horizon == Horizon::Recent {
-                            q.min(1.0 - cfg.quantile_min_tail as f64 / d.count())
-                        } else {
-                            q
-                        };
-                        return d.estimate_quantile(q).map(|value| {
-                            (
-                                Measurement {
-                                    value,
-                                    samples: d.count() as u32,
-                                },
-                                d,
-                            )
-                        });
-                    }
-                }
-            }
-            None
+    /// Quantile `q` of `which` over the first view (real views, or probe
+    /// views for probe latency) whose counters show `min` by `count` and
+    /// whose digest holds that many: the measurement and the digest behind
+    /// it. A tail quantile of the recent horizon keeps `quantile_min_tail`
+    /// samples beyond it, so a tail is never one or two requests.
+    fn quantile(
+        &mut self,
+        which: Digest,
+        q: f64,
+        count: fn(&Counters) -> u32,
+        min: u32,
+    ) -> Option<(Measurement, tdigest::TDigest)> {
+        let pop_ok = |p: Pop| match which {
+            Digest::LatencyProbe => p == Pop::Probe,
+            _ => p == Pop::Real,
         };
-
-    let real_p99 = quantile(Digest::Latency, SignalKind::P99Latency, 0.99, &|c| {
-        c.requests
-    });
-    let baseline_points = cfg.baseline_min_windows;
-    match &real_p99 {
-        Some((m, d)) => {
-            out.values[SignalKind::P99Latency as usize] = Some(*m);
-            if let Some(base) = baseline.p99_ms(baseline_points).filter(|b| *b > 0.0) {
-                if m.samples >= min(SignalKind::RelativeP99) {
-                    out.values[SignalKind::RelativeP99 as usize] = Some(Measurement {
-                        value: m.value / base,
-                        samples: m.samples,
-                    });
-                }
+        for (window_ms, pop, c) in self.views {
+            if !pop_ok(pop) || count(&c) < min {
+                continue;
             }
-            out.latency = Some(LatencySummary {
-                p50_ms: d.estimate_quantile(0.5).unwrap_or(0.0),
-                p95_ms: d.estimate_quantile(0.95).unwrap_or(0.0),
-                p99_ms: m.value,
-                max_ms: d.max().unwrap_or(0.0),
-                samples: m.samples,
-            });
-        }
-        None => {
-            // A drained channel: judge latency on probes.
-            if let Some((m, d)) =
-                quantile(Digest::LatencyProbe, SignalKind::P99Latency, 0.99, &|c| {
-                    c.requests
-                })
-            {
-                out.values[SignalKind::P99Latency as usize] = Some(m);
-                out.latency = Some(LatencySummary {
-                    p50_ms: d.estimate_quantile(0.5).unwrap_or(0.0),
-                    p95_ms: d.estimate_quantile(0.95).unwrap_or(0.0),
-                    p99_ms: m.value,
-                    max_ms: d.max().unwrap_or(0.0),
-                    samples: m.samples,
-                });
+            let Some(d) = self
+                .ring
+                .digest(which, self.now_ms, window_ms, self.not_before_ms)
+            else {
+                continue;
+            };
+            if (d.count() as u32) < min {
+                continue;
             }
+            let q = if q > 0.5 && self.horizon == Horizon::Recent {
+                q.min(1.0 - self.cfg.quantile_min_tail as f64 / d.count())
+            } else {
+                q
+            };
+            let samples = d.count() as u32;
+            return d
+                .estimate_quantile(q)
+                .map(|value| (Measurement { value, samples }, d));
         }
+        None
     }
-    out.values[SignalKind::LongP99Latency as usize] = quantile(
-        Digest::LatencyLong,
-        SignalKind::LongP99Latency,
-        0.99,
-        &|c| c.long_requests,
-    )
-    .map(|x| x.0);
-    out.values[SignalKind::TtfbP99 as usize] =
-        quantile(Digest::Ttfb, SignalKind::TtfbP99, 0.99, &|c| c.requests).map(|x| x.0);
-    if let Some((m, _)) = quantile(
-        Digest::OutputTokens,
-        SignalKind::OutputTokensMedian,
-        0.5,
-        &|c| c.successes,
-    ) {
-        out.values[SignalKind::OutputTokensMedian as usize] = Some(m);
-        if let Some(base) = baseline.output_median(baseline_points).filter(|b| *b > 0.0) {
-            if m.samples >= min(SignalKind::OutputTokensRelative) {
-                out.values[SignalKind::OutputTokensRelative as usize] = Some(Measurement {
-                    value: m.value / base,
-                    samples: m.samples,
-                });
-            }
-        }
-    }
-
-    // Unconditioned rates for alert rules and the status view.
-    let all = {
-        let mut c = short.real;
-        c.requests += short.probe.requests;
-        c.rate_limited += short.probe.rate_limited;
-        c
-    };
-    out.error_rate =
-        (short.real.requests > 0).then(|| ratio(short.real.errors as f64, short.real.requests));
-    out.rate_limited_rate =
-        (all.requests > 0).then(|| ratio(all.rate_limited as f64, all.requests));
-
-    if let Some(((t0, q0), (t1, q1))) = ring.quota_reports(now_ms, cfg.long_window_ms) {
-        out.quota_remaining = Some(q1);
-        if t1 > t0 && q0 > q1 {
-            let burn_per_ms = (q0 - q1) as f64 / (t1 - t0) as f64;
-            out.quota_exhausted_in_ms = Some((q1.max(0) as f64 / burn_per_ms) as i64);
-        } else if q1 <= 0 {
-            out.quota_exhausted_in_ms = Some(0);
-        }
-    }
-    out
 }
 
 /// The short-window P99 and output median a healthy channel teaches its
@@ -633,7 +685,7 @@ pub fn measure(
 pub fn baseline_point(signals: &Signals, policy: &SignalPolicies) -> (f64, f64) {
     let p99 = signals
         .latency
-        .filter(|l| l.samples >= policy.p99_latency_ms.min_samples)
+        .filter(|l| l.samples >= policy.get(SignalKind::P99Latency).min_samples)
         .map_or(f64::NAN, |l| l.p99_ms);
     let out = signals
         .get(SignalKind::OutputTokensMedian)
@@ -644,6 +696,70 @@ pub fn baseline_point(signals: &Signals, policy: &SignalPolicies) -> (f64, f64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_is_in_kind_order_with_unique_config_keys() {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, d) in SIGNALS.iter().enumerate() {
+            assert_eq!(d.kind as usize, i, "{} out of order", d.name);
+            assert_eq!(SignalKind::ALL[i], d.kind);
+            assert!(names.insert(d.name), "{} declared twice", d.name);
+            assert!(
+                d.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{}: config keys are snake_case",
+                d.name
+            );
+            if let Method::Relative { of, .. } = d.method {
+                assert!((of as usize) < i, "{} reads a later signal", d.name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_signal_is_a_config_key_with_its_default_and_nothing_else_is() {
+        let defaults = SignalPolicies::default();
+        let text = toml::to_string(&defaults).unwrap();
+        for d in &SIGNALS {
+            assert!(
+                text.contains(&format!("[{}]", d.name)),
+                "{} not in {text}",
+                d.name
+            );
+            assert_eq!(defaults.get(d.kind), &d.default);
+        }
+        let back: SignalPolicies = toml::from_str(&text).unwrap();
+        assert_eq!(back, defaults);
+        // One signal set, the rest keep their defaults.
+        let one: SignalPolicies = toml::from_str(
+            "[error_rate]\nweight = 0.5\nnormal = 0.02\ndegraded = 0.2\nmin_samples = 7\n",
+        )
+        .unwrap();
+        assert_eq!(one.get(SignalKind::ErrorRate).min_samples, 7);
+        assert_eq!(one.get(SignalKind::P99Latency), &SIGNALS[0].default);
+        let err = toml::from_str::<SignalPolicies>("[p99_latency]\nweight = 1.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `p99_latency`"), "{err}");
+        assert!(
+            err.contains("p99_latency_ms"),
+            "the known keys are named: {err}"
+        );
+    }
+
+    #[test]
+    fn the_readme_names_every_signal() {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        for d in &SIGNALS {
+            assert!(
+                readme.contains(&format!("`{}`", d.name)),
+                "README: {}",
+                d.name
+            );
+        }
+    }
     use crate::codec::tests::sample_event;
     use crate::config::EngineConfig;
     use crate::event::ErrorClass;
