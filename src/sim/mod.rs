@@ -550,142 +550,387 @@ impl Emitter<'_> {
 }
 
 /// Runs one scenario once. `record` collects every encoded event.
-pub fn run(
-    sc: &Scenario,
+pub fn run<'a>(
+    sc: &'a Scenario,
     cfg: Arc<Config>,
     routing: Routing,
     faults_on: bool,
     seed: u64,
-    mut record: Option<&mut Vec<Vec<u8>>>,
+    record: Option<&'a mut Vec<Vec<u8>>>,
 ) -> RunResult {
-    let n = sc.channels.len();
-    let bases: Vec<Behavior> = sc
-        .channels
-        .iter()
-        .map(|c| Behavior::base().with(&c.normal))
-        .collect();
-    let mut composition = Composition::new(cfg.clone());
-    let mut rng = Rng::new(seed);
-    let mut queue: BinaryHeap<Reverse<Queued>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    let mut result = RunResult {
-        channels: vec![ChannelRun::default(); n],
-        ..RunResult::default()
-    };
-    let policies: Vec<u32> = sc
-        .channels
-        .iter()
-        .map(|c| {
-            cfg.channels()
-                .find(|x| x.id == c.id)
-                .map_or(u32::MAX, |x| x.policy.states.consecutive_failures)
+    match SimRun::new(sc, cfg, routing, faults_on, seed, record) {
+        Some(run) => run.run(),
+        None => RunResult {
+            channels: vec![ChannelRun::default(); sc.channels.len()],
+            ..RunResult::default()
+        },
+    }
+}
+
+/// Attempts started per channel in each of the last `LOAD_WINDOW_S`
+/// seconds: an upstream's load is their mean (its queue absorbs one-second
+/// blips).
+struct Load {
+    second_counts: Vec<u32>,
+    history: Vec<[u32; LOAD_WINDOW_S]>,
+    current_second: i64,
+}
+
+/// One simulation in progress: the gateways (their queue of completions and
+/// retries, their routing table, probes), the upstreams' load and quotas,
+/// Hermes when it routes, and the tally.
+struct SimRun<'a> {
+    sc: &'a Scenario,
+    routing: Routing,
+    faults_on: bool,
+    group: String,
+    bases: Vec<Behavior>,
+    /// Per channel: the consecutive-failure threshold (report bookkeeping).
+    policies: Vec<u32>,
+    streaks: Vec<crate::window::FailureStreak>,
+    composition: Composition,
+    rng: Rng,
+    queue: BinaryHeap<Reverse<Queued>>,
+    seq: u64,
+    result: RunResult,
+    /// What the gateways route by: static weights until Hermes publishes.
+    table: RoutingTable,
+    ids: Vec<String>,
+    plans: u64,
+    published: u64,
+    emitter: Emitter<'a>,
+    id_buf: String,
+    load: Load,
+    next_probe_s: Vec<f64>,
+    /// Per channel: (quota period number, attempts used in it).
+    quota_use: Vec<(i64, u64)>,
+}
+
+impl<'a> SimRun<'a> {
+    fn new(
+        sc: &'a Scenario,
+        cfg: Arc<Config>,
+        routing: Routing,
+        faults_on: bool,
+        seed: u64,
+        record: Option<&'a mut Vec<Vec<u8>>>,
+    ) -> Option<SimRun<'a>> {
+        let n = sc.channels.len();
+        // Static weights: the scheduler's plan before any health (trust-tier
+        // shares). The static run routes by them throughout; Hermes's
+        // gateways route by them until the first snapshot is published, as a
+        // gateway with no snapshot yet falls back to its configured weights.
+        let group = cfg.groups[0].id.clone();
+        let mut initial = Scheduler::new(cfg.clone());
+        initial.plan_group(0, 0, &[], false);
+        let static_plan = initial.plan(&group)?;
+        let table = RoutingTable::new(WeightSnapshot::from_plan(static_plan, 0, sc.start_ms));
+        let policies = sc
+            .channels
+            .iter()
+            .map(|c| {
+                cfg.channels()
+                    .find(|x| x.id == c.id)
+                    .map_or(u32::MAX, |x| x.policy.states.consecutive_failures)
+            })
+            .collect();
+        let next_probe_s = (0..n)
+            .map(|j| sc.gateway.probe_interval_s * (j as f64 + 1.0) / (n as f64 + 1.0))
+            .collect();
+        Some(SimRun {
+            sc,
+            routing,
+            faults_on,
+            group,
+            bases: sc
+                .channels
+                .iter()
+                .map(|c| Behavior::base().with(&c.normal))
+                .collect(),
+            policies,
+            streaks: vec![crate::window::FailureStreak::default(); n],
+            composition: Composition::new(cfg),
+            rng: Rng::new(seed),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            result: RunResult {
+                channels: vec![ChannelRun::default(); n],
+                ..RunResult::default()
+            },
+            table,
+            ids: sc.channels.iter().map(|c| c.id.clone()).collect(),
+            plans: 0,
+            published: 0,
+            emitter: Emitter {
+                encoder: Encoder::default(),
+                decoder: Decoder::new(WireFormat::Plain),
+                buf: Vec::with_capacity(256),
+                record,
+                routing,
+            },
+            id_buf: String::new(),
+            load: Load {
+                second_counts: vec![0; n],
+                history: vec![[0; LOAD_WINDOW_S]; n],
+                current_second: 0,
+            },
+            next_probe_s,
+            quota_use: vec![(i64::MIN, 0); n],
         })
-        .collect();
-    let mut streaks = vec![crate::window::FailureStreak::default(); n];
-
-    // Static weights: the scheduler's plan before any health (trust-tier
-    // shares). The static run routes by them throughout; Hermes's gateways
-    // route by them until the first snapshot is published, as a gateway
-    // with no snapshot yet falls back to its configured weights.
-    let group = &cfg.groups[0].id;
-    let mut initial = Scheduler::new(cfg.clone());
-    initial.plan_group(0, 0, &[], false);
-    let Some(static_plan) = initial.plan(group) else {
-        return result;
-    };
-    let mut table = RoutingTable::new(WeightSnapshot::from_plan(static_plan, 0, sc.start_ms));
-    let ids: Vec<String> = sc.channels.iter().map(|c| c.id.clone()).collect();
-    let (mut plans, mut published) = (0, 0);
-
-    let mut emitter = Emitter {
-        encoder: Encoder::default(),
-        decoder: Decoder::new(WireFormat::Plain),
-        buf: Vec::with_capacity(256),
-        record: record.take(),
-        routing,
-    };
-    let mut id_buf = String::new();
-    // A request the plan did not send: counted as failed (the user got
-    // nothing) and, if the gateways report it, emitted as demand.
-    let unsent = |how: Dispatch,
-                  j: usize,
-                  class: TrafficClass,
-                  attempt: i32,
-                  t_ms: i64,
-                  seq: &mut u64,
-                  emitter: &mut Emitter,
-                  composition: &mut Composition,
-                  result: &mut RunResult| {
-        result.shed += 1;
-        result.failed_requests += 1;
-        if sc.gateway.report_unsent {
-            *seq += 1;
-            let id = format!("sim-unsent-{seq}");
-            let ev = RequestEvent::unsent(crate::event::Unsent {
-                event_id: &id,
-                event_time_ms: t_ms,
-                gateway_id: "sim-gw",
-                channel_id: &sc.channels[j].id,
-                route_group: &sc.gateway.group,
-                traffic_class: class,
-                attempt,
-                dispatch: how,
-            });
-            emitter.emit(&ev, composition, result);
-        }
-    };
-
-    let step = sc.step_ms;
-    let steps = (sc.duration_s * 1000.0 / step as f64).ceil() as i64;
-    // Attempts started per channel in each of the last LOAD_WINDOW_S seconds:
-    // load is their mean (an upstream queue absorbs one-second blips).
-    let mut second_counts = vec![0u32; n];
-    let mut history = vec![[0u32; LOAD_WINDOW_S]; n];
-    let mut current_second = 0i64;
-    let mut next_probe_s = vec![0.0f64; n];
-    // Per channel: (quota period number, attempts used in it).
-    let mut quota_use = vec![(i64::MIN, 0u64); n];
-    for (j, p) in next_probe_s.iter_mut().enumerate() {
-        *p = sc.gateway.probe_interval_s * (j as f64 + 1.0) / (n as f64 + 1.0);
     }
 
-    let dispatch = |req: Request,
-                    t_ms: i64,
-                    rng: &mut Rng,
-                    queue: &mut BinaryHeap<Reverse<Queued>>,
-                    seq: &mut u64,
-                    second_counts: &mut [u32],
-                    history: &[[u32; LOAD_WINDOW_S]],
-                    current_second: i64,
-                    quota_use: &mut [(i64, u64)],
-                    result: &mut RunResult| {
+    /// Steps the scenario's clock: per step, completions and retries due,
+    /// Hermes's clock, a new snapshot, probes, then new requests.
+    fn run(mut self) -> RunResult {
+        let step = self.sc.step_ms;
+        let steps = (self.sc.duration_s * 1000.0 / step as f64).ceil() as i64;
+        for s in 0..=steps {
+            let t_ms = self.sc.start_ms + s * step;
+            let t_s = (s * step) as f64 / 1000.0;
+            self.roll_second((s * step) / 1000);
+            self.completions(t_ms);
+            if self.routing == Routing::Hermes {
+                self.composition.advance_to(t_ms);
+            }
+            self.pick_up_snapshot(t_s);
+            self.probes(t_ms, t_s);
+            self.new_requests(t_ms, t_s);
+        }
+        self.result.alerts = std::mem::take(&mut self.composition.alerts);
+        self.result
+    }
+
+    /// At a new second: the load history moves on and overload is counted.
+    fn roll_second(&mut self, second: i64) {
+        let load = &mut self.load;
+        if second == load.current_second {
+            return;
+        }
+        for (h, c) in load.history.iter_mut().zip(&load.second_counts) {
+            h.rotate_right(1);
+            h[0] = *c;
+        }
+        let mut any = false;
+        for ((h, c), run) in load
+            .history
+            .iter()
+            .zip(&self.sc.channels)
+            .zip(self.result.channels.iter_mut())
+        {
+            if load_rps(h, 0, 0.0) > c.capacity_rps {
+                run.overload_s += 1;
+                any = true;
+            }
+        }
+        self.result.overload_s += any as u64;
+        load.second_counts.iter_mut().for_each(|c| *c = 0);
+        load.current_second = second;
+    }
+
+    /// Completions and due retries, in time order.
+    fn completions(&mut self, t_ms: i64) {
+        while let Some(Reverse(q)) = self.queue.peek() {
+            if q.at_ms > t_ms {
+                break;
+            }
+            let Some(Reverse(q)) = self.queue.pop() else {
+                break;
+            };
+            match q.what {
+                Pending::Retry(mut req) => match self.route(req.class) {
+                    Routed::To(j) => {
+                        req.channel = j;
+                        self.result.retries += 1;
+                        self.dispatch(req, q.at_ms);
+                    }
+                    Routed::Unsent(how, j) => self.unsent(how, j, req.class, req.attempt, q.at_ms),
+                },
+                Pending::Done(d) => self.complete(d, q.seq, q.at_ms),
+            }
+        }
+    }
+
+    /// An attempt finished: its event goes out, the report's fast-path
+    /// bookkeeping, and the gateway retries it or settles the request.
+    fn complete(&mut self, d: Completed, seq: u64, at_ms: i64) {
+        let sc = self.sc;
+        let c = &sc.channels[d.req.channel];
+        self.id_buf.clear();
+        use std::fmt::Write;
+        let _ = write!(self.id_buf, "sim-{seq}");
+        let ev = d.event(&self.id_buf, at_ms, &c.id, &sc.gateway.group, "sim-gw");
+        self.emitter
+            .emit(&ev, &mut self.composition, &mut self.result);
+        let j = d.req.channel;
+        let before = self.streaks[j].count;
+        if self.streaks[j].record(d.error) > before {
+            let at_s = (at_ms - sc.start_ms) as f64 / 1000.0;
+            let in_fault = c.faults.iter().any(|f| at_s >= f.start_s && at_s < f.end_s);
+            if self.streaks[j].count >= self.policies[j]
+                && in_fault
+                && self.result.channels[j].nth_failure_s.is_none()
+            {
+                self.result.channels[j].nth_failure_s = Some(at_s);
+            }
+        }
+        let retryable = matches!(
+            d.error,
+            ErrorClass::RateLimited
+                | ErrorClass::ServerError
+                | ErrorClass::ReadTimeout
+                | ErrorClass::ConnectionReset
+                | ErrorClass::ConnectError
+        );
+        let retry = retryable && !d.req.probe && (d.req.attempt as u32) < sc.gateway.max_retries;
+        if !retry && !d.req.probe && d.failed {
+            self.result.failed_requests += 1;
+        }
+        if retry {
+            self.seq += 1;
+            let mut req = d.req;
+            req.attempt += 1;
+            self.queue.push(Reverse(Queued {
+                at_ms: at_ms + sc.gateway.retry_delay_ms,
+                seq: self.seq,
+                what: Pending::Retry(req),
+            }));
+        }
+    }
+
+    /// Gateways pick up each new snapshot; the timeline samples every
+    /// planning round.
+    fn pick_up_snapshot(&mut self, t_s: f64) {
+        let composition = &self.composition;
+        if composition.plans() == self.plans {
+            return;
+        }
+        self.plans = composition.plans();
+        if composition.published() != self.published {
+            self.published = composition.published();
+            if let Some(snap) = composition.snapshot(&self.group) {
+                self.table = RoutingTable::new(snap.clone());
+            }
+        }
+        let Some(plan) = composition.plan(&self.group) else {
+            return;
+        };
+        let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
+        for cp in &plan.channels {
+            let Some(j) = self.ids.iter().position(|id| *id == cp.id) else {
+                continue;
+            };
+            let (state, health_weight, score) = composition.engine.channel_index(&cp.id).map_or(
+                (StateKind::Healthy, 1.0, None),
+                |i| {
+                    let h = composition.engine.health(i);
+                    (composition.engine.machine(i).kind(), h.weight, h.score)
+                },
+            );
+            let traffic_share = if total > 0.0 {
+                cp.planned_rps / total
+            } else {
+                0.0
+            };
+            self.result.channels[j].samples.push(Sample {
+                t_s,
+                state,
+                health_weight,
+                traffic_share,
+                score,
+            });
+        }
+    }
+
+    /// Each gateway's probes that are due.
+    fn probes(&mut self, t_ms: i64, t_s: f64) {
+        let every = self.sc.gateway.probe_interval_s;
+        if every <= 0.0 {
+            return;
+        }
+        for j in 0..self.next_probe_s.len() {
+            while self.next_probe_s[j] <= t_s {
+                self.next_probe_s[j] += every;
+                self.dispatch(Request::probe(j), t_ms);
+            }
+        }
+    }
+
+    /// This step's new requests, per traffic line, routed as gateways do.
+    fn new_requests(&mut self, t_ms: i64, t_s: f64) {
+        let sc = self.sc;
+        let step = sc.step_ms;
+        for tr in &sc.traffic {
+            let mut rate = tr.rps
+                * (1.0 + tr.diurnal_amplitude * (std::f64::consts::TAU * t_s / 86_400.0).sin());
+            for b in &tr.bursts {
+                if t_s >= b.start_s && t_s < b.end_s {
+                    rate *= b.factor;
+                }
+            }
+            let count = self.rng.poisson(rate * step as f64 / 1000.0);
+            for _ in 0..count {
+                self.result.requests += 1;
+                let class = tr.class.class();
+                let long = self.rng.chance(tr.long_share);
+                let structured = self.rng.chance(tr.structured_share);
+                let at = t_ms + (self.rng.f64() * step as f64) as i64;
+                match self.route(class) {
+                    Routed::To(j) => {
+                        let req = Request {
+                            class,
+                            long,
+                            structured,
+                            probe: false,
+                            attempt: 0,
+                            channel: j,
+                        };
+                        self.dispatch(req, at);
+                    }
+                    Routed::Unsent(how, j) => self.unsent(how, j, class, 0, at),
+                }
+            }
+        }
+    }
+
+    fn route(&mut self, class: TrafficClass) -> Routed {
+        route(&self.table, class, &self.ids, &mut self.rng)
+    }
+
+    /// Sends an attempt to its channel: the upstream answers (or its quota
+    /// refuses), and the completion is queued at its latency.
+    fn dispatch(&mut self, req: Request, t_ms: i64) {
+        let sc = self.sc;
         let j = req.channel;
-        second_counts[j] += 1;
-        let frac = (((t_ms - sc.start_ms) as f64 / 1000.0) - current_second as f64).clamp(0.0, 1.0);
-        let load = load_rps(&history[j], second_counts[j], frac);
+        let load = &mut self.load;
+        load.second_counts[j] += 1;
+        let frac =
+            (((t_ms - sc.start_ms) as f64 / 1000.0) - load.current_second as f64).clamp(0.0, 1.0);
+        let load = load_rps(&load.history[j], load.second_counts[j], frac);
         let t_s = (t_ms - sc.start_ms) as f64 / 1000.0;
         let c = &sc.channels[j];
+        let rng = &mut self.rng;
         let done = match c.quota {
             Some(quota) => {
                 let period = (t_ms as f64 / 1000.0 / c.quota_period_s).floor() as i64;
-                if quota_use[j].0 != period {
-                    quota_use[j] = (period, 0);
+                let used = &mut self.quota_use[j];
+                if used.0 != period {
+                    *used = (period, 0);
                 }
-                let mut done = if quota_use[j].1 >= quota {
+                let mut done = if used.1 >= quota {
                     quota_refused(&req, rng)
                 } else {
-                    quota_use[j].1 += 1;
-                    answer(c, &bases[j], &req, t_s, load, faults_on, rng)
+                    used.1 += 1;
+                    answer(c, &self.bases[j], &req, t_s, load, self.faults_on, rng)
                 };
                 if c.report_quota {
-                    done.quota_remaining = Some(quota.saturating_sub(quota_use[j].1) as i64);
+                    done.quota_remaining = Some(quota.saturating_sub(used.1) as i64);
                 }
                 done
             }
-            None => answer(c, &bases[j], &req, t_s, load, faults_on, rng),
+            None => answer(c, &self.bases[j], &req, t_s, load, self.faults_on, rng),
         };
+        let result = &mut self.result;
         result.rate_limited += (done.error == ErrorClass::RateLimited) as u64;
-
         if !req.probe {
             result.channels[j].served += 1;
             result.channels[j].bad += done.harmed as u64;
@@ -696,246 +941,38 @@ pub fn run(
             }
             result.spend_by_minute[minute] += done.cost;
         }
-        *seq += 1;
-        queue.push(Reverse(Queued {
+        self.seq += 1;
+        self.queue.push(Reverse(Queued {
             at_ms: t_ms + done.latency_ms as i64,
-            seq: *seq,
+            seq: self.seq,
             what: Pending::Done(done),
         }));
-    };
-
-    for s in 0..=steps {
-        let t_ms = sc.start_ms + s * step;
-        let t_s = (s * step) as f64 / 1000.0;
-        let second = (s * step) / 1000;
-        if second != current_second {
-            for j in 0..n {
-                history[j].rotate_right(1);
-                history[j][0] = second_counts[j];
-            }
-            let mut any = false;
-            for ((h, c), run) in history
-                .iter()
-                .zip(&sc.channels)
-                .zip(result.channels.iter_mut())
-            {
-                if load_rps(h, 0, 0.0) > c.capacity_rps {
-                    run.overload_s += 1;
-                    any = true;
-                }
-            }
-            result.overload_s += any as u64;
-            second_counts.iter_mut().for_each(|c| *c = 0);
-            current_second = second;
-        }
-
-        // 1. Completions and due retries, in time order.
-        while let Some(Reverse(q)) = queue.peek() {
-            if q.at_ms > t_ms {
-                break;
-            }
-            let Some(Reverse(q)) = queue.pop() else { break };
-            match q.what {
-                Pending::Retry(mut req) => match route(&table, req.class, &ids, &mut rng) {
-                    Routed::To(j) => {
-                        req.channel = j;
-                        result.retries += 1;
-                        dispatch(
-                            req,
-                            q.at_ms,
-                            &mut rng,
-                            &mut queue,
-                            &mut seq,
-                            &mut second_counts,
-                            &history,
-                            current_second,
-                            &mut quota_use,
-                            &mut result,
-                        );
-                    }
-                    Routed::Unsent(how, j) => unsent(
-                        how,
-                        j,
-                        req.class,
-                        req.attempt,
-                        q.at_ms,
-                        &mut seq,
-                        &mut emitter,
-                        &mut composition,
-                        &mut result,
-                    ),
-                },
-                Pending::Done(d) => {
-                    let c = &sc.channels[d.req.channel];
-                    id_buf.clear();
-                    use std::fmt::Write;
-                    let _ = write!(id_buf, "sim-{}", q.seq);
-                    let ev = d.event(&id_buf, q.at_ms, &c.id, &sc.gateway.group, "sim-gw");
-                    emitter.emit(&ev, &mut composition, &mut result);
-                    // Fast-path bookkeeping for the report.
-                    let j = d.req.channel;
-                    let before = streaks[j].count;
-                    if streaks[j].record(d.error) > before {
-                        let at_s = (q.at_ms - sc.start_ms) as f64 / 1000.0;
-                        let in_fault = sc.channels[j]
-                            .faults
-                            .iter()
-                            .any(|f| at_s >= f.start_s && at_s < f.end_s);
-                        if streaks[j].count >= policies[j]
-                            && in_fault
-                            && result.channels[j].nth_failure_s.is_none()
-                        {
-                            result.channels[j].nth_failure_s = Some(at_s);
-                        }
-                    }
-                    let retryable = matches!(
-                        d.error,
-                        ErrorClass::RateLimited
-                            | ErrorClass::ServerError
-                            | ErrorClass::ReadTimeout
-                            | ErrorClass::ConnectionReset
-                            | ErrorClass::ConnectError
-                    );
-                    let retry = retryable
-                        && !d.req.probe
-                        && (d.req.attempt as u32) < sc.gateway.max_retries;
-                    if !retry && !d.req.probe && d.failed {
-                        result.failed_requests += 1;
-                    }
-                    if retry {
-                        seq += 1;
-                        let mut req = d.req;
-                        req.attempt += 1;
-                        queue.push(Reverse(Queued {
-                            at_ms: q.at_ms + sc.gateway.retry_delay_ms,
-                            seq,
-                            what: Pending::Retry(req),
-                        }));
-                    }
-                }
-            }
-        }
-        if routing == Routing::Hermes {
-            composition.advance_to(t_ms);
-        }
-
-        // 2. Gateways pick up each new snapshot; the timeline samples every
-        //    planning round.
-        if composition.plans() != plans {
-            plans = composition.plans();
-            if composition.published() != published {
-                published = composition.published();
-                if let Some(snap) = composition.snapshot(group) {
-                    table = RoutingTable::new(snap.clone());
-                }
-            }
-            if let Some(plan) = composition.plan(group) {
-                let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
-                for cp in &plan.channels {
-                    let Some(j) = ids.iter().position(|id| *id == cp.id) else {
-                        continue;
-                    };
-                    let (state, hw, score) = composition.engine.channel_index(&cp.id).map_or(
-                        (StateKind::Healthy, 1.0, None),
-                        |i| {
-                            let m = composition.engine.machine(i);
-                            let h = composition.engine.health(i);
-                            (m.kind(), h.weight, h.score)
-                        },
-                    );
-                    let share = if total > 0.0 {
-                        cp.planned_rps / total
-                    } else {
-                        0.0
-                    };
-                    result.channels[j].samples.push(Sample {
-                        t_s,
-                        state,
-                        health_weight: hw,
-                        traffic_share: share,
-                        score,
-                    });
-                }
-            }
-        }
-
-        // 3. Probes.
-        if sc.gateway.probe_interval_s > 0.0 {
-            for (j, next) in next_probe_s.iter_mut().enumerate() {
-                while *next <= t_s {
-                    *next += sc.gateway.probe_interval_s;
-                    dispatch(
-                        Request::probe(j),
-                        t_ms,
-                        &mut rng,
-                        &mut queue,
-                        &mut seq,
-                        &mut second_counts,
-                        &history,
-                        current_second,
-                        &mut quota_use,
-                        &mut result,
-                    );
-                }
-            }
-        }
-
-        // 4. New requests.
-        for tr in &sc.traffic {
-            let mut rate = tr.rps
-                * (1.0 + tr.diurnal_amplitude * (std::f64::consts::TAU * t_s / 86_400.0).sin());
-            for b in &tr.bursts {
-                if t_s >= b.start_s && t_s < b.end_s {
-                    rate *= b.factor;
-                }
-            }
-            let count = rng.poisson(rate * step as f64 / 1000.0);
-            for _ in 0..count {
-                result.requests += 1;
-                let class = tr.class.class();
-                let long = rng.chance(tr.long_share);
-                let structured = rng.chance(tr.structured_share);
-                let at = t_ms + (rng.f64() * step as f64) as i64;
-                match route(&table, class, &ids, &mut rng) {
-                    Routed::To(j) => {
-                        let req = Request {
-                            class,
-                            long,
-                            structured,
-                            probe: false,
-                            attempt: 0,
-                            channel: j,
-                        };
-                        dispatch(
-                            req,
-                            at,
-                            &mut rng,
-                            &mut queue,
-                            &mut seq,
-                            &mut second_counts,
-                            &history,
-                            current_second,
-                            &mut quota_use,
-                            &mut result,
-                        );
-                    }
-                    Routed::Unsent(how, j) => unsent(
-                        how,
-                        j,
-                        class,
-                        0,
-                        at,
-                        &mut seq,
-                        &mut emitter,
-                        &mut composition,
-                        &mut result,
-                    ),
-                }
-            }
-        }
     }
-    result.alerts = std::mem::take(&mut composition.alerts);
-    result
+
+    /// A request the plan did not send: counted as failed (the user got
+    /// nothing) and, if the gateways report it, emitted as demand.
+    fn unsent(&mut self, how: Dispatch, j: usize, class: TrafficClass, attempt: i32, t_ms: i64) {
+        let sc = self.sc;
+        self.result.shed += 1;
+        self.result.failed_requests += 1;
+        if !sc.gateway.report_unsent {
+            return;
+        }
+        self.seq += 1;
+        let id = format!("sim-unsent-{}", self.seq);
+        let ev = RequestEvent::unsent(crate::event::Unsent {
+            event_id: &id,
+            event_time_ms: t_ms,
+            gateway_id: "sim-gw",
+            channel_id: &sc.channels[j].id,
+            route_group: &sc.gateway.group,
+            traffic_class: class,
+            attempt,
+            dispatch: how,
+        });
+        self.emitter
+            .emit(&ev, &mut self.composition, &mut self.result);
+    }
 }
 
 /// The three runs behind a drill report: Hermes closed loop, static
