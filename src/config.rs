@@ -1114,6 +1114,30 @@ pub struct Config {
     pub service: ServiceConfig,
 }
 
+impl Config {
+    /// A reloaded config as it may go live next to the running one: the
+    /// restart-only sections (`[kafka]`, `[redis]`, `[service]`: clients,
+    /// topics, listeners and loops built at start) keep their running
+    /// values, so nothing runs half on the old and half on the new. Returns
+    /// it with the names of the restart-only sections the file changed.
+    pub fn live_reload(&self, mut new: Config) -> (Config, Vec<&'static str>) {
+        let mut held = Vec::new();
+        if new.kafka != self.kafka {
+            held.push("kafka");
+            new.kafka = self.kafka.clone();
+        }
+        if new.redis != self.redis {
+            held.push("redis");
+            new.redis = self.redis.clone();
+        }
+        if new.service != self.service {
+            held.push("service");
+            new.service = self.service.clone();
+        }
+        (new, held)
+    }
+}
+
 fn deep_merge(base: &mut toml::Table, over: &toml::Table) {
     for (k, v) in over {
         match (base.get_mut(k), v) {
@@ -1439,6 +1463,22 @@ fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_keeps_the_restart_only_sections_running() {
+        let running = Config::from_toml(MINIMAL).unwrap();
+        let mut edited = running.clone();
+        edited.kafka.alert_topic = "elsewhere".into();
+        edited.service.heartbeat_ms += 1;
+        edited.schedule.capacity_headroom = 0.7;
+        let (live, held) = running.live_reload(edited);
+        assert_eq!(held, ["kafka", "service"]);
+        assert_eq!(live.kafka, running.kafka);
+        assert_eq!(live.service, running.service);
+        assert_eq!(live.schedule.capacity_headroom, 0.7, "policy applies live");
+        let (same, held) = running.live_reload(running.clone());
+        assert!(held.is_empty() && same == running);
+    }
 
     const MINIMAL: &str = r#"
 [[groups]]

@@ -57,8 +57,10 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
 }
 
 /// Re-reads the file when it changes. An invalid file is refused with every
-/// issue logged and the running config stays; connection settings need a
-/// restart (logged), everything else applies live.
+/// issue logged and the running config stays; `[kafka]`, `[redis]` and
+/// `[service]` keep their running values until a restart (logged; see
+/// `Config::live_reload`), a window-shape change is refused, everything
+/// else applies live.
 async fn watch_config(
     path: PathBuf,
     tx: tokio::sync::watch::Sender<Arc<Config>>,
@@ -83,10 +85,15 @@ async fn watch_config(
                 if new == *old {
                     continue;
                 }
-                if new.kafka != old.kafka || new.redis != old.redis || new.service != old.service {
+                let (new, held) = old.live_reload(new);
+                if !held.is_empty() {
                     tracing::warn!(
-                        "[kafka], [redis] and [service] changes take effect at the next restart"
+                        sections = ?held,
+                        "restart-only settings changed: they take effect at the next restart, the running values stay"
                     );
+                }
+                if new == *old {
+                    continue;
                 }
                 if new.engine != old.engine {
                     metrics::Metrics::inc(&metrics.config_reload_rejected);
