@@ -1138,6 +1138,220 @@ impl Config {
     }
 }
 
+/// Every section that is checked on its own (not the policy layers or the
+/// groups).
+fn validate_sections(raw: &RawConfig, v: &mut Issues) {
+    raw.engine.validate(v);
+    validate_alerts(&raw.alerts, v);
+    if raw.alerts.quota_alert_ms <= raw.engine.quota_horizon_ms {
+        v.push(
+            "alerts.quota_alert_ms",
+            format!(
+                "must exceed engine.quota_horizon_ms ({} ms): a channel planned down for \
+                 its quota keeps its forecast near that horizon, so the alert would never fire",
+                raw.engine.quota_horizon_ms
+            ),
+        );
+    }
+    validate_schedule(&raw.schedule, v);
+    validate_safety(&raw.safety, v);
+    raw.kafka.validate(v);
+    raw.service.validate(v);
+    for class in TrafficClass::ALL {
+        let c = raw.traffic_classes.get(*class);
+        let name = class.as_str().to_ascii_lowercase();
+        v.fraction(format!("traffic_classes.{name}.max_score"), c.max_score);
+    }
+}
+
+/// The policy layers up to each tier: built-in defaults → `[policy]` →
+/// built-in tier defaults → `[tiers.<tier>.policy]`, as TOML (a channel's
+/// override merges onto it) and resolved (shared by every channel of the
+/// tier that overrides nothing).
+struct TierPolicies {
+    tables: BTreeMap<Tier, toml::Table>,
+    resolved: BTreeMap<Tier, Arc<HealthPolicy>>,
+}
+
+impl TierPolicies {
+    fn resolve(raw: &RawConfig, v: &mut Issues) -> TierPolicies {
+        let mut base = policy_table(&HealthPolicy::default());
+        if let Some(p) = &raw.policy {
+            deep_merge(&mut base, p);
+        }
+        // Problems in [policy] itself are reported once, under `policy`, not
+        // again under every tier that inherits them.
+        let mut base_issue_keys = ahash::AHashSet::new();
+        match base.clone().try_into::<HealthPolicy>() {
+            Ok(p) => {
+                let mut base_issues = Issues::default();
+                p.validate("policy", &mut base_issues);
+                for i in base_issues.0 {
+                    base_issue_keys.insert(i.key["policy".len()..].to_string());
+                    v.0.push(i);
+                }
+            }
+            Err(e) => v.push("policy", e.message().to_string()),
+        }
+        let mut tables = BTreeMap::new();
+        let mut resolved = BTreeMap::new();
+        for tier in [Tier::Free, Tier::Paid] {
+            let mut t = base.clone();
+            deep_merge(&mut t, &builtin_tier_policy(tier));
+            if let Some(p) = raw.tiers.get(&tier).and_then(|r| r.policy.as_ref()) {
+                deep_merge(&mut t, p);
+            }
+            let at = format!("tiers.{}.policy", tier.as_str());
+            match t.clone().try_into::<HealthPolicy>() {
+                Ok(p) => {
+                    let mut tier_issues = Issues::default();
+                    p.validate(&at, &mut tier_issues);
+                    v.0.extend(
+                        tier_issues
+                            .0
+                            .into_iter()
+                            .filter(|i| !base_issue_keys.contains(&i.key[at.len()..])),
+                    );
+                    resolved.insert(tier, Arc::new(p));
+                }
+                Err(e) => v.push(at, e.message().to_string()),
+            }
+            tables.insert(tier, t);
+        }
+        TierPolicies { tables, resolved }
+    }
+}
+
+/// Ids seen so far: unique across the config.
+#[derive(Default)]
+struct Ids {
+    groups: ahash::AHashSet<String>,
+    channels: ahash::AHashSet<String>,
+}
+
+/// A channel's initial weight: its own, its tier's, or the built-in one.
+fn initial_weight_of(raw: &RawConfig, c: &RawChannel) -> f64 {
+    c.initial_weight
+        .or_else(|| raw.tiers.get(&c.tier).and_then(|t| t.initial_weight))
+        .unwrap_or_else(|| builtin_initial_weight(c.tier))
+}
+
+fn resolve_group(
+    gi: usize,
+    g: &RawGroup,
+    raw: &RawConfig,
+    tiers: &TierPolicies,
+    ids: &mut Ids,
+    v: &mut Issues,
+) -> GroupConfig {
+    let gk = format!("groups[{gi}] ({})", g.id);
+    if g.id.is_empty() {
+        v.push(format!("groups[{gi}].id"), "must not be empty");
+    }
+    if !ids.groups.insert(g.id.clone()) {
+        v.push(format!("{gk}.id"), "duplicate group id");
+    }
+    if g.id.contains(['{', '}']) {
+        v.push(
+            format!("{gk}.id"),
+            "must not contain braces (they delimit the Redis hash tag)",
+        );
+    }
+    if let Some(b) = g.budget_per_hour {
+        v.non_negative(format!("{gk}.budget_per_hour"), b);
+    }
+    if g.channels.is_empty() {
+        v.push(
+            format!("{gk}.channels"),
+            "a group needs at least one channel",
+        );
+    }
+    let channels = g
+        .channels
+        .iter()
+        .enumerate()
+        .filter_map(|(ci, c)| resolve_channel(&gk, ci, c, g, raw, tiers, ids, v))
+        .collect();
+    if !g.channels.is_empty() && g.channels.iter().all(|c| initial_weight_of(raw, c) <= 0.0) {
+        v.push(
+            format!("{gk}.channels"),
+            "every channel has initial_weight 0: the group could serve nothing",
+        );
+    }
+    GroupConfig {
+        id: g.id.clone(),
+        budget_per_hour: g.budget_per_hour,
+        channels,
+    }
+}
+
+/// One channel, its policy merged onto its tier's; `None` when the policy
+/// does not resolve (the issue is recorded).
+#[allow(clippy::too_many_arguments)]
+fn resolve_channel(
+    gk: &str,
+    ci: usize,
+    c: &RawChannel,
+    g: &RawGroup,
+    raw: &RawConfig,
+    tiers: &TierPolicies,
+    ids: &mut Ids,
+    v: &mut Issues,
+) -> Option<ChannelConfig> {
+    let ck = format!("{gk}.channels[{ci}] ({})", c.id);
+    if c.id.is_empty() {
+        v.push(format!("{gk}.channels[{ci}].id"), "must not be empty");
+    }
+    if !ids.channels.insert(c.id.clone()) {
+        v.push(
+            format!("{ck}.id"),
+            "duplicate channel id (a channel belongs to exactly one group)",
+        );
+    }
+    v.non_negative(format!("{ck}.price_per_1k_tokens"), c.price_per_1k_tokens);
+    if let Some(ms) = c.quota_period_ms {
+        v.positive_ms(format!("{ck}.quota_period_ms"), ms);
+    }
+    if !(c.capacity_rps > 0.0 && c.capacity_rps.is_finite()) {
+        v.push(
+            format!("{ck}.capacity_rps"),
+            format!("must be a positive number, got {}", c.capacity_rps),
+        );
+    }
+    let initial_weight = initial_weight_of(raw, c);
+    if c.initial_weight.is_some() {
+        v.fraction(format!("{ck}.initial_weight"), initial_weight);
+    }
+    let policy = match &c.policy {
+        None => tiers.resolved.get(&c.tier).cloned(),
+        Some(over) => {
+            let mut t = tiers.tables[&c.tier].clone();
+            deep_merge(&mut t, over);
+            match t.try_into::<HealthPolicy>() {
+                Ok(p) => {
+                    p.validate(&format!("{ck}.policy"), v);
+                    Some(Arc::new(p))
+                }
+                Err(e) => {
+                    v.push(format!("{ck}.policy"), e.message().to_string());
+                    None
+                }
+            }
+        }
+    }?;
+    Some(ChannelConfig {
+        id: c.id.clone(),
+        group: g.id.clone(),
+        tier: c.tier,
+        price_per_1k_tokens: c.price_per_1k_tokens,
+        capacity_rps: c.capacity_rps,
+        initial_weight,
+        quota: c.quota,
+        quota_period_ms: c.quota_period_ms.unwrap_or(DEFAULT_QUOTA_PERIOD_MS),
+        policy,
+    })
+}
+
 fn deep_merge(base: &mut toml::Table, over: &toml::Table) {
     for (k, v) in over {
         match (base.get_mut(k), v) {
@@ -1196,189 +1410,23 @@ impl Config {
 
     fn resolve(raw: RawConfig) -> Result<Config, ConfigError> {
         let mut v = Issues::default();
-        raw.engine.validate(&mut v);
-        validate_alerts(&raw.alerts, &mut v);
-        if raw.alerts.quota_alert_ms <= raw.engine.quota_horizon_ms {
-            v.push(
-                "alerts.quota_alert_ms",
-                format!(
-                    "must exceed engine.quota_horizon_ms ({} ms): a channel planned down for \
-                     its quota keeps its forecast near that horizon, so the alert would never fire",
-                    raw.engine.quota_horizon_ms
-                ),
-            );
-        }
-        validate_schedule(&raw.schedule, &mut v);
-        validate_safety(&raw.safety, &mut v);
-        raw.kafka.validate(&mut v);
-        raw.service.validate(&mut v);
-        for class in TrafficClass::ALL {
-            let c = raw.traffic_classes.get(*class);
-            let name = class.as_str().to_ascii_lowercase();
-            v.fraction(format!("traffic_classes.{name}.max_score"), c.max_score);
-        }
-
-        let mut base = policy_table(&HealthPolicy::default());
-        if let Some(p) = &raw.policy {
-            deep_merge(&mut base, p);
-        }
-        // Problems in [policy] itself are reported once, under `policy`, not
-        // again under every tier that inherits them.
-        let mut base_issue_keys = ahash::AHashSet::new();
-        match base.clone().try_into::<HealthPolicy>() {
-            Ok(p) => {
-                let mut base_issues = Issues::default();
-                p.validate("policy", &mut base_issues);
-                for i in base_issues.0 {
-                    base_issue_keys.insert(i.key["policy".len()..].to_string());
-                    v.0.push(i);
-                }
-            }
-            Err(e) => v.push("policy", e.message().to_string()),
-        }
-        let mut tier_tables = BTreeMap::new();
-        for tier in [Tier::Free, Tier::Paid] {
-            let mut t = base.clone();
-            deep_merge(&mut t, &builtin_tier_policy(tier));
-            if let Some(p) = raw.tiers.get(&tier).and_then(|r| r.policy.as_ref()) {
-                deep_merge(&mut t, p);
-            }
-            tier_tables.insert(tier, t);
-        }
-        // One shared policy per tier unless a channel overrides it.
-        let mut tier_policies: BTreeMap<Tier, Arc<HealthPolicy>> = BTreeMap::new();
-        for (tier, table) in &tier_tables {
-            let at = format!("tiers.{}.policy", tier.as_str());
-            match table.clone().try_into::<HealthPolicy>() {
-                Ok(p) => {
-                    let mut tier_issues = Issues::default();
-                    p.validate(&at, &mut tier_issues);
-                    v.0.extend(
-                        tier_issues
-                            .0
-                            .into_iter()
-                            .filter(|i| !base_issue_keys.contains(&i.key[at.len()..])),
-                    );
-                    tier_policies.insert(*tier, Arc::new(p));
-                }
-                Err(e) => v.push(at, e.message().to_string()),
-            }
-        }
+        validate_sections(&raw, &mut v);
+        let tiers = TierPolicies::resolve(&raw, &mut v);
         for (tier, r) in &raw.tiers {
             if let Some(w) = r.initial_weight {
                 v.fraction(format!("tiers.{}.initial_weight", tier.as_str()), w);
             }
         }
-
-        let mut groups = Vec::new();
-        let mut channel_ids = ahash::AHashSet::new();
-        let mut group_ids = ahash::AHashSet::new();
+        let mut ids = Ids::default();
         if raw.groups.is_empty() {
             v.push("groups", "at least one route group is needed");
         }
-        for (gi, g) in raw.groups.iter().enumerate() {
-            let gk = format!("groups[{gi}] ({})", g.id);
-            if g.id.is_empty() {
-                v.push(format!("groups[{gi}].id"), "must not be empty");
-            }
-            if !group_ids.insert(g.id.clone()) {
-                v.push(format!("{gk}.id"), "duplicate group id");
-            }
-            if g.id.contains(['{', '}']) {
-                v.push(
-                    format!("{gk}.id"),
-                    "must not contain braces (they delimit the Redis hash tag)",
-                );
-            }
-            if let Some(b) = g.budget_per_hour {
-                v.non_negative(format!("{gk}.budget_per_hour"), b);
-            }
-            if g.channels.is_empty() {
-                v.push(
-                    format!("{gk}.channels"),
-                    "a group needs at least one channel",
-                );
-            }
-            let mut channels = Vec::new();
-            for (ci, c) in g.channels.iter().enumerate() {
-                let ck = format!("{gk}.channels[{ci}] ({})", c.id);
-                if c.id.is_empty() {
-                    v.push(format!("{gk}.channels[{ci}].id"), "must not be empty");
-                }
-                if !channel_ids.insert(c.id.clone()) {
-                    v.push(
-                        format!("{ck}.id"),
-                        "duplicate channel id (a channel belongs to exactly one group)",
-                    );
-                }
-                v.non_negative(format!("{ck}.price_per_1k_tokens"), c.price_per_1k_tokens);
-                if let Some(ms) = c.quota_period_ms {
-                    v.positive_ms(format!("{ck}.quota_period_ms"), ms);
-                }
-                if !(c.capacity_rps > 0.0 && c.capacity_rps.is_finite()) {
-                    v.push(
-                        format!("{ck}.capacity_rps"),
-                        format!("must be a positive number, got {}", c.capacity_rps),
-                    );
-                }
-                let initial_weight = c
-                    .initial_weight
-                    .or_else(|| raw.tiers.get(&c.tier).and_then(|t| t.initial_weight))
-                    .unwrap_or_else(|| builtin_initial_weight(c.tier));
-                if c.initial_weight.is_some() {
-                    v.fraction(format!("{ck}.initial_weight"), initial_weight);
-                }
-                let policy = match &c.policy {
-                    None => tier_policies.get(&c.tier).cloned(),
-                    Some(over) => {
-                        let mut t = tier_tables[&c.tier].clone();
-                        deep_merge(&mut t, over);
-                        match t.try_into::<HealthPolicy>() {
-                            Ok(p) => {
-                                p.validate(&format!("{ck}.policy"), &mut v);
-                                Some(Arc::new(p))
-                            }
-                            Err(e) => {
-                                v.push(format!("{ck}.policy"), e.message().to_string());
-                                None
-                            }
-                        }
-                    }
-                };
-                if let Some(policy) = policy {
-                    channels.push(ChannelConfig {
-                        id: c.id.clone(),
-                        group: g.id.clone(),
-                        tier: c.tier,
-                        price_per_1k_tokens: c.price_per_1k_tokens,
-                        capacity_rps: c.capacity_rps,
-                        initial_weight,
-                        quota: c.quota,
-                        quota_period_ms: c.quota_period_ms.unwrap_or(DEFAULT_QUOTA_PERIOD_MS),
-                        policy,
-                    });
-                }
-            }
-            if !g.channels.is_empty()
-                && g.channels.iter().all(|c| {
-                    c.initial_weight
-                        .or_else(|| raw.tiers.get(&c.tier).and_then(|t| t.initial_weight))
-                        .unwrap_or_else(|| builtin_initial_weight(c.tier))
-                        <= 0.0
-                })
-            {
-                v.push(
-                    format!("{gk}.channels"),
-                    "every channel has initial_weight 0: the group could serve nothing",
-                );
-            }
-            groups.push(GroupConfig {
-                id: g.id.clone(),
-                budget_per_hour: g.budget_per_hour,
-                channels,
-            });
-        }
-
+        let groups = raw
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| resolve_group(gi, g, &raw, &tiers, &mut ids, &mut v))
+            .collect();
         if !v.0.is_empty() {
             return Err(ConfigError { issues: v.0 });
         }
