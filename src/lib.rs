@@ -21,24 +21,31 @@
 //! - `state`: the HEALTHY / AT_RISK / DRAINED / OBSERVING / RECOVERING
 //!   machine, pins, oscillation detection.
 //! - `alert`: alert events, severities and dedup.
-//! - `pipeline`: the engine that ties the above together per event and per
-//!   evaluation tick.
+//! - `engine`: ties the above together per event and per evaluation tick,
+//!   for the channels of one partition.
+//! - `health`: the health model: a channel's health, a partition's report.
+//! - `board`: the newest report of every channel of a group; which request
+//!   partition writes which group.
 //! - `safety`: group-level safety (SPEC §5a): a correlated failure across
 //!   a route group puts it in panic mode instead of draining it.
 //! - `schedule`: the cost-aware graded scheduler: per route group and
 //!   traffic class, weights over channels, shed shares, projected spend.
 //!
+//! - `composition`: engines → health reports → board → scheduler →
+//!   snapshot, the chain the service runs; in one process for the simulator
+//!   and replay.
+//! - `routing`: a snapshot as alias tables, O(1) weighted picks.
+//! - `redis_keys`: every Redis key and the scripts that write them.
 //! - `replay`: recorded events through another config (what-if).
 //! - `sim`: the closed-loop fault simulator and drill report; it drives the
 //!   same engine the service runs.
 //! - `dedup`: duplicate event ids within an event-time horizon.
-//! - `health`: per-channel health reports, the per-group board a group
-//!   writer plans from, and which request partition writes which group.
 //!
 //! The **shell** translates between the world and engine calls:
-//! - `publish`: the weight snapshot format, key names and fencing rule
+//! - `publish`: the weight snapshot format and fencing rule
 //!   (pure), and `publish::redis`, the fenced Lua write with retries.
-//! - `client`: the gateway-side reader with O(1) weighted picks.
+//! - `client`: the gateway-side reader: the snapshot from Redis, kept fresh.
+//! - `wall_clock`: the shell's one wall clock.
 //! - `service`: `hermes run`: the request loop (one engine per owned
 //!   partition, restore and replay, dead letters, alerts, health reports),
 //!   the group writers, the state store, the registry client, metrics.

@@ -425,10 +425,31 @@ fn healthy_plan(
     budget: Option<f64>,
 ) -> (Fractions, Vec<ShareReason>) {
     let n = ctx.ch.len();
-    let zero = || [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+    let nominal = nominal_load(ctx);
+    let mut rps: Rps = [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+    let mut left = ctx.demand;
+    let (mut room, mut reasons) = degraded_allowances(ctx, &nominal, &mut rps, &mut left);
+    healthy_fill(ctx, &mut rps, &mut room, &mut left);
+    // What healthy and AT_RISK capacity could not take goes to the least-bad
+    // unhealthy channels rather than being shed (SPEC §5a: health never
+    // sheds what static routing would have served), highest priority first.
+    overflow_to_least_bad(ctx, &mut rps, &mut left);
+    if let Some(budget) = budget {
+        keep_to_budget(ctx, budget, &mut rps, &mut room, &mut reasons);
+    }
+    cap_reasons(ctx, quota_bound, &rps, &mut reasons);
+    let fractions = [0, 1, 2, 3].map(|k| (0..n).map(|j| rps[k][j] / ctx.demand[k]).collect());
+    (fractions, reasons)
+}
 
-    // 2. Nominal: everything healthy, trust caps then capacity, cheapest first.
-    let mut nominal_rps = zero();
+/// Requests per second per class (schema order) and channel.
+type Rps = [Vec<f64>; 4];
+
+/// Step 2, nominal: every channel healthy, trust caps then capacity,
+/// cheapest first. Each channel's total load.
+fn nominal_load(ctx: &Ctx<'_>) -> Vec<f64> {
+    let n = ctx.ch.len();
+    let mut nominal_rps: Rps = [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
     let mut room = ctx.cap.clone();
     for class in ctx.prio {
         let d = ctx.demand[class.index()];
@@ -449,13 +470,21 @@ fn healthy_plan(
             None,
         );
     }
-    let nominal: Vec<f64> = (0..n)
+    (0..n)
         .map(|j| (0..4).map(|k| nominal_rps[k][j]).sum())
-        .collect();
+        .collect()
+}
 
-    // 3. Degraded channels' allowances, lowest-priority tolerant classes first.
-    let mut rps = zero();
-    let mut left = ctx.demand;
+/// Step 3: degraded channels carry their allowance (health weight ×
+/// nominal load), lowest-priority tolerant classes first. Returns the
+/// healthy channels' room and every channel's reason so far.
+fn degraded_allowances(
+    ctx: &Ctx<'_>,
+    nominal: &[f64],
+    rps: &mut Rps,
+    left: &mut [f64; 4],
+) -> (Vec<f64>, Vec<ShareReason>) {
+    let n = ctx.ch.len();
     let mut room = vec![0.0; n];
     let mut reasons = vec![ShareReason::Healthy; n];
     for j in 0..n {
@@ -506,8 +535,12 @@ fn healthy_plan(
             }
         }
     }
+    (room, reasons)
+}
 
-    // 4. Healthy fill in priority order.
+/// Step 4: healthy capacity in priority order (trust caps, then room), then
+/// tolerant classes' overflow onto AT_RISK capacity (not pinned).
+fn healthy_fill(ctx: &Ctx<'_>, rps: &mut Rps, room: &mut [f64], left: &mut [f64; 4]) {
     for class in ctx.prio {
         let k = class.index();
         let eligible: Vec<usize> = ctx
@@ -517,17 +550,9 @@ fn healthy_plan(
             .filter(|j| room[*j] > 0.0 && ctx.score_ok(class, *j))
             .collect();
         let d = ctx.demand[k];
-        left[k] = fill(
-            &mut rps,
-            &mut room,
-            class,
-            left[k],
-            &eligible,
-            Some((&ctx.trust, d)),
-        );
-        left[k] = fill(&mut rps, &mut room, class, left[k], &eligible, None);
+        left[k] = fill(rps, room, class, left[k], &eligible, Some((&ctx.trust, d)));
+        left[k] = fill(rps, room, class, left[k], &eligible, None);
     }
-    // Overflow of tolerant classes onto AT_RISK capacity (not pinned).
     for class in ctx.prio {
         let k = class.index();
         if left[k] <= EPS || !ctx.tolerant(class) {
@@ -546,59 +571,65 @@ fn healthy_plan(
             }
         }
     }
+}
 
-    // What healthy and AT_RISK capacity could not take goes to the least-bad
-    // unhealthy channels rather than being shed (SPEC §5a: health never
-    // sheds what static routing would have served), highest priority first.
-    overflow_to_least_bad(ctx, &mut rps, &mut left);
-
-    // 5. Budget: lowest-priority classes off the most expensive channels.
-    if let Some(budget) = budget {
-        let spend = |rps: &[Vec<f64>; 4]| -> f64 {
-            (0..n)
-                .map(|j| {
-                    let load: f64 = (0..4).map(|k| rps[k][j]).sum();
-                    spend_per_hour(ctx.ch[j], load)
-                })
-                .sum()
-        };
-        let mut by_price_desc = ctx.order_cost.clone();
-        by_price_desc.reverse();
-        'classes: for class in low_first {
-            let k = class.index();
-            for &j in &by_price_desc {
-                let over = spend(&rps) - budget;
-                if over <= 1e-9 {
-                    break 'classes;
+/// Step 5, budget: lowest-priority classes off the most expensive channels,
+/// onto strictly cheaper healthy room where there is some, else shed.
+fn keep_to_budget(
+    ctx: &Ctx<'_>,
+    budget: f64,
+    rps: &mut Rps,
+    room: &mut [f64],
+    reasons: &mut [ShareReason],
+) {
+    let n = ctx.ch.len();
+    let spend = |rps: &Rps| -> f64 {
+        (0..n)
+            .map(|j| {
+                let load: f64 = (0..4).map(|k| rps[k][j]).sum();
+                spend_per_hour(ctx.ch[j], load)
+            })
+            .sum()
+    };
+    let mut by_price_desc = ctx.order_cost.clone();
+    by_price_desc.reverse();
+    let mut low_first = ctx.prio;
+    low_first.reverse();
+    'classes: for class in low_first {
+        let k = class.index();
+        for &j in &by_price_desc {
+            let over = spend(rps) - budget;
+            if over <= 1e-9 {
+                break 'classes;
+            }
+            if rps[k][j] <= EPS || ctx.ch[j].price_per_1k_tokens <= 0.0 {
+                continue;
+            }
+            let per_rps = spend_per_hour(ctx.ch[j], 1.0);
+            let cut = rps[k][j].min(over / per_rps);
+            rps[k][j] -= cut;
+            reasons[j] = ShareReason::BudgetCap;
+            let mut moving = cut;
+            for &i in &ctx.order_cost {
+                if moving <= EPS || ctx.ch[i].price_per_1k_tokens >= ctx.ch[j].price_per_1k_tokens {
+                    break;
                 }
-                if rps[k][j] <= EPS || ctx.ch[j].price_per_1k_tokens <= 0.0 {
+                if room[i] <= EPS || !ctx.score_ok(class, i) {
                     continue;
                 }
-                let per_rps = spend_per_hour(ctx.ch[j], 1.0);
-                let cut = rps[k][j].min(over / per_rps);
-                rps[k][j] -= cut;
-                reasons[j] = ShareReason::BudgetCap;
-                // Move to strictly cheaper healthy headroom, else shed.
-                let mut moving = cut;
-                for &i in &ctx.order_cost {
-                    if moving <= EPS
-                        || ctx.ch[i].price_per_1k_tokens >= ctx.ch[j].price_per_1k_tokens
-                    {
-                        break;
-                    }
-                    if room[i] <= EPS || !ctx.score_ok(class, i) {
-                        continue;
-                    }
-                    let take = moving.min(room[i]);
-                    rps[k][i] += take;
-                    room[i] -= take;
-                    moving -= take;
-                }
+                let take = moving.min(room[i]);
+                rps[k][i] += take;
+                room[i] -= take;
+                moving -= take;
             }
         }
     }
+}
 
-    for j in 0..n {
+/// A healthy channel's reason when a cap bound its share: quota, capacity,
+/// then trust.
+fn cap_reasons(ctx: &Ctx<'_>, quota_bound: &[bool], rps: &Rps, reasons: &mut [ShareReason]) {
+    for j in 0..ctx.ch.len() {
         let load: f64 = (0..4).map(|k| rps[k][j]).sum();
         if reasons[j] == ShareReason::Healthy {
             if quota_bound[j] && load >= ctx.cap[j] - 1e-9 {
@@ -612,8 +643,6 @@ fn healthy_plan(
             }
         }
     }
-    let fractions = [0, 1, 2, 3].map(|k| (0..n).map(|j| rps[k][j] / ctx.demand[k]).collect());
-    (fractions, reasons)
 }
 
 /// Demand left after the healthy fill goes to unpinned unhealthy channels,
