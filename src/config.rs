@@ -590,46 +590,57 @@ pub struct HealthPolicy {
 
 impl HealthPolicy {
     fn validate(&self, at: &str, v: &mut Issues) {
-        for (name, s) in self.signals.entries() {
-            let key = format!("{at}.signals.{name}");
-            v.non_negative(format!("{key}.weight"), s.weight);
-            if !s.normal.is_finite() || !s.degraded.is_finite() {
-                v.push(&key, "bounds must be finite numbers");
-            } else if s.normal == s.degraded {
-                v.push(
-                    &key,
-                    format!(
-                        "normal and degraded bounds are equal ({}): the signal cannot map",
-                        s.normal
-                    ),
-                );
-            }
-            if s.min_samples == 0 {
-                v.push(
-                    format!("{key}.min_samples"),
-                    "must be at least 1 (a signal needs data to vote)",
-                );
-            }
-        }
-        let z = self.signals.bad_outcome_confidence_z;
-        if !(0.0..=5.0).contains(&z) {
+        validate_signals(&self.signals, at, v);
+        self.states.validate(at, v);
+    }
+}
+
+/// Every signal's bounds and weight, and the two signal settings.
+fn validate_signals(signals: &SignalPolicies, at: &str, v: &mut Issues) {
+    for (name, s) in signals.entries() {
+        let key = format!("{at}.signals.{name}");
+        v.non_negative(format!("{key}.weight"), s.weight);
+        if !s.normal.is_finite() || !s.degraded.is_finite() {
+            v.push(&key, "bounds must be finite numbers");
+        } else if s.normal == s.degraded {
             v.push(
-                format!("{at}.signals.bad_outcome_confidence_z"),
-                "must be within [0, 5]",
+                &key,
+                format!(
+                    "normal and degraded bounds are equal ({}): the signal cannot map",
+                    s.normal
+                ),
             );
         }
-        let total: f64 = self.signals.entries().iter().map(|(_, s)| s.weight).sum();
-        if total.is_nan() || total <= 0.0 {
+        if s.min_samples == 0 {
             v.push(
-                format!("{at}.signals"),
-                "every signal weight is 0: the score could never move",
+                format!("{key}.min_samples"),
+                "must be at least 1 (a signal needs data to vote)",
             );
         }
-        v.fraction(
-            format!("{at}.signals.client_error_weight"),
-            self.signals.client_error_weight,
+    }
+    let z = signals.bad_outcome_confidence_z;
+    if !(0.0..=5.0).contains(&z) {
+        v.push(
+            format!("{at}.signals.bad_outcome_confidence_z"),
+            "must be within [0, 5]",
         );
-        let st = &self.states;
+    }
+    let total: f64 = signals.entries().iter().map(|(_, s)| s.weight).sum();
+    if total.is_nan() || total <= 0.0 {
+        v.push(
+            format!("{at}.signals"),
+            "every signal weight is 0: the score could never move",
+        );
+    }
+    v.fraction(
+        format!("{at}.signals.client_error_weight"),
+        signals.client_error_weight,
+    );
+}
+
+impl StatePolicy {
+    fn validate(&self, at: &str, v: &mut Issues) {
+        let st = self;
         let sk = |k: &str| format!("{at}.states.{k}");
         for (k, x) in [
             ("at_risk_enter", st.at_risk_enter),
@@ -704,6 +715,13 @@ impl HealthPolicy {
         if !(st.cooldown_growth >= 1.0 && st.cooldown_growth <= 10.0) {
             v.push(sk("cooldown_growth"), "must be within [1, 10]");
         }
+        self.validate_recovery_steps(at, v);
+    }
+
+    /// The recovery schedule: steps in (0, 1], `until` rising to 1.0.
+    fn validate_recovery_steps(&self, at: &str, v: &mut Issues) {
+        let st = self;
+        let sk = |k: &str| format!("{at}.states.{k}");
         if st.recovery_steps.is_empty() {
             v.push(sk("recovery_steps"), "needs at least one step");
         }
