@@ -581,7 +581,6 @@ struct Load {
 /// Hermes when it routes, and the tally.
 struct SimRun<'a> {
     sc: &'a Scenario,
-    routing: Routing,
     faults_on: bool,
     group: String,
     bases: Vec<Behavior>,
@@ -639,7 +638,6 @@ impl<'a> SimRun<'a> {
             .collect();
         Some(SimRun {
             sc,
-            routing,
             faults_on,
             group,
             bases: sc
@@ -689,7 +687,7 @@ impl<'a> SimRun<'a> {
             let t_s = (s * step) as f64 / 1000.0;
             self.roll_second((s * step) / 1000);
             self.completions(t_ms);
-            if self.routing == Routing::Hermes {
+            if self.emitter.routing == Routing::Hermes {
                 self.composition.advance_to(t_ms);
             }
             self.pick_up_snapshot(t_s);
