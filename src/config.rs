@@ -518,7 +518,10 @@ pub struct StatePolicy {
     /// has 95 % confidence. A line that normally fails 2 % shows 5 % in 80
     /// attempts every few minutes (seed 003's line relapsed after its fault
     /// ended on that), and a line still failing 10 % shows 3 % in 30
-    /// attempts often enough to pass. 0 judges on the point estimate.
+    /// attempts often enough to pass. An OBSERVING pass also reads the tail
+    /// latency signals at their upper rank (`signals::Probation`): a
+    /// periodic pulse that slowed one of 190 attempts leaves the point P99
+    /// clean. 0 judges on the point estimate.
     pub probation_confidence_z: f64,
     /// RECOVERING weight schedule (SPEC §5 / seed 002: +10 % every 120 s up
     /// to 40 %, then +20 %). The first step is also the starting weight.
@@ -639,6 +642,14 @@ fn validate_signals(signals: &SignalPolicies, at: &str, v: &mut Issues) {
 }
 
 impl StatePolicy {
+    /// How a probation verdict reads its evidence.
+    pub fn probation(&self) -> crate::signals::Probation {
+        crate::signals::Probation {
+            min_samples: self.probation_min_samples,
+            confidence_z: self.probation_confidence_z,
+        }
+    }
+
     fn validate(&self, at: &str, v: &mut Issues) {
         let st = self;
         let sk = |k: &str| format!("{at}.states.{k}");

@@ -501,7 +501,7 @@ impl Engine {
             now,
             since,
             horizon,
-            policy.states.probation_min_samples,
+            policy.states.probation(),
         );
         if let (Some(quota), None) = (ch.cfg.quota, ch.signals.quota_remaining) {
             // No upstream report: count against the configured quota, at

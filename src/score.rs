@@ -116,12 +116,15 @@ pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// not pass on a lucky handful (SPEC §5a: a confidence bound on the failure
 /// rate, not a fixed count). Only the one comprehensive rate is bounded:
 /// bounding every overlapping rate would count the same doubt five times.
+/// A tail quantile measured for a probation is read at its upper rank
+/// ([`crate::signals::Probation`]): a pulse that slowed a handful of the
+/// probation's attempts is not averaged away by the point P99.
 pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     bounded(signals, policy, &|k, m| {
         if k == SignalKind::BadOutcomeRate {
             crate::signals::wilson_high(m.value, m.samples, z)
         } else {
-            m.value
+            m.high.unwrap_or(m.value)
         }
     })
 }
@@ -148,10 +151,7 @@ mod tests {
 
     fn with(kind: SignalKind, value: f64) -> Signals {
         let mut s = Signals::default();
-        s.values[kind as usize] = Some(Measurement {
-            value,
-            samples: 1000,
-        });
+        s.values[kind as usize] = Some(Measurement::of(value, 1000));
         s
     }
 
@@ -182,7 +182,7 @@ mod tests {
         let p = SignalPolicies::default();
         let at = |value: f64, samples: u32| {
             let mut s = Signals::default();
-            s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement { value, samples });
+            s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement::of(value, samples));
             s
         };
         // 4 bad of 80 (5 %): the point estimate counts it, the bounds do not
@@ -230,7 +230,7 @@ mod tests {
         fn score_always_in_unit_interval(values in proptest::collection::vec(proptest::option::of(-1e9f64..1e9), SIGNAL_COUNT)) {
             let mut s = Signals::default();
             for (i, v) in values.iter().enumerate() {
-                s.values[i] = v.map(|value| Measurement { value, samples: 100 });
+                s.values[i] = v.map(|value| Measurement::of(value, 100));
             }
             let sc = score(&s, &SignalPolicies::default());
             prop_assert!((0.0..=1.0).contains(&sc.value));

@@ -366,6 +366,35 @@ fn wilson(p: f64, n: u32, z: f64) -> (f64, f64) {
 pub struct Measurement {
     pub value: f64,
     pub samples: u32,
+    /// A tail quantile measured for a probation verdict
+    /// ([`Horizon::Whole`]): the same quantile at its upper confidence rank
+    /// (see [`Probation::confidence_z`]). `None`: no bound was read.
+    pub high: Option<f64>,
+}
+
+impl Measurement {
+    /// A point measurement with no confidence bound.
+    pub const fn of(value: f64, samples: u32) -> Measurement {
+        Measurement {
+            value,
+            samples,
+            high: None,
+        }
+    }
+}
+
+/// How a probation verdict reads its evidence (from `StatePolicy`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probation {
+    /// Samples enough for any signal to vote in probation (a signal whose
+    /// own `min_samples` is higher votes on this many).
+    pub min_samples: u32,
+    /// Standard deviations of the confidence bounds a probation is judged
+    /// at. A tail quantile is read at rank `q + z·sqrt(q(1−q)/n)` too: a
+    /// fault that hits 2–5 % of requests in short pulses (seed 004) leaves
+    /// only a handful of slow attempts among a probation's few hundred, and
+    /// the point P99 of an unlucky handful reads clean.
+    pub confidence_z: f64,
 }
 
 /// Latency quantiles for the status view and alert rules.
@@ -455,7 +484,7 @@ pub fn measure(
     now_ms: i64,
     not_before_ms: i64,
     horizon: Horizon,
-    probation_min_samples: u32,
+    probation: Probation,
 ) -> Signals {
     let short_ms = match horizon {
         Horizon::Recent => cfg.short_window_ms,
@@ -487,10 +516,7 @@ pub fn measure(
         // In probation a signal votes on the probation's evidence: refusing
         // to vote there would let a sick channel pass on the signals that
         // did.
-        probation_cap: match horizon {
-            Horizon::Recent => u32::MAX,
-            Horizon::Whole => probation_min_samples,
-        },
+        probation: (horizon == Horizon::Whole).then_some(probation),
     };
     // The table, in order: a `Relative` signal reads an earlier one, when
     // that one was measured on real traffic (the baseline is learned there).
@@ -558,7 +584,8 @@ struct Pass<'a> {
     horizon: Horizon,
     cfg: &'a Horizons,
     policy: &'a SignalPolicies,
-    probation_cap: u32,
+    /// Set for a probation verdict ([`Horizon::Whole`]).
+    probation: Option<Probation>,
 }
 
 impl Pass<'_> {
@@ -580,10 +607,7 @@ impl Pass<'_> {
             Method::RecentOutcomes => (outcomes.len() >= min)
                 .then(|| outcomes.failure_rate())
                 .flatten()
-                .map(|value| Measurement {
-                    value,
-                    samples: outcomes.len(),
-                }),
+                .map(|value| Measurement::of(value, outcomes.len())),
             Method::Quantile {
                 digest,
                 q,
@@ -611,6 +635,7 @@ impl Pass<'_> {
                         .map(|b| Measurement {
                             value: m.value / b,
                             samples: m.samples,
+                            high: m.high.map(|h| h / b),
                         })
                 }),
         }
@@ -618,7 +643,8 @@ impl Pass<'_> {
 
     /// The samples signal `k` needs to vote in this pass.
     fn min(&self, k: SignalKind) -> u32 {
-        k.policy(self.policy).min_samples.min(self.probation_cap)
+        let cap = self.probation.map_or(u32::MAX, |p| p.min_samples);
+        k.policy(self.policy).min_samples.min(cap)
     }
 
     /// A counter share over the first view whose denominator has `min`.
@@ -634,7 +660,7 @@ impl Pass<'_> {
             .filter(|v| !real_only || v.1 == Pop::Real)
             .map(|v| of(&v.2, cew))
             .find(|(_, n)| *n >= min)
-            .map(|(value, samples)| Measurement { value, samples })
+            .map(|(value, samples)| Measurement::of(value, samples))
     }
 
     /// Quantile `q` of `which` over the first view (real views, or probe
@@ -672,9 +698,19 @@ impl Pass<'_> {
                 q
             };
             let samples = d.count() as u32;
-            return d
-                .estimate_quantile(q)
-                .map(|value| (Measurement { value, samples }, d));
+            let high = self.probation.and_then(|p| {
+                let n = d.count().max(1.0);
+                let spread = p.confidence_z * (q * (1.0 - q) / n).sqrt();
+                d.estimate_quantile((q + spread).min(1.0))
+            });
+            return d.estimate_quantile(q).map(|value| {
+                let m = Measurement {
+                    value,
+                    samples,
+                    high: high.map(|h| h.max(value)),
+                };
+                (m, d)
+            });
         }
         None
     }
@@ -696,6 +732,12 @@ pub fn baseline_point(signals: &Signals, policy: &SignalPolicies) -> (f64, f64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Horizon::Recent` does not read it.
+    const NOT_ON_PROBATION: Probation = Probation {
+        min_samples: 0,
+        confidence_z: 0.0,
+    };
 
     #[test]
     fn the_table_is_in_kind_order_with_unique_config_keys() {
@@ -801,7 +843,7 @@ mod tests {
             t0 + 1000,
             i64::MIN / 2,
             Horizon::Recent,
-            0,
+            NOT_ON_PROBATION,
         );
         assert_eq!(s.get(SignalKind::ErrorRate), None);
         assert_eq!(s.get(SignalKind::P99Latency), None);
@@ -833,7 +875,7 @@ mod tests {
             now,
             i64::MIN / 2,
             Horizon::Recent,
-            0,
+            NOT_ON_PROBATION,
         );
         let m = s.get(SignalKind::ErrorRate).unwrap();
         assert_eq!(m.samples, 30);
@@ -862,12 +904,63 @@ mod tests {
             t0 + 20_000,
             i64::MIN / 2,
             Horizon::Recent,
-            0,
+            NOT_ON_PROBATION,
         );
         let rel = s.get(SignalKind::RelativeP99).unwrap().value;
         assert!((rel - 1090.0 / 400.0).abs() < 0.1, "{rel}");
         let out_rel = s.get(SignalKind::OutputTokensRelative).unwrap().value;
         assert!((out_rel - 540.0 / 500.0).abs() < 0.01, "{out_rel}");
+    }
+
+    #[test]
+    fn a_probation_reads_the_tail_at_its_upper_rank() {
+        let (mut ring, outcomes, mut baseline, cfg, policy) = setup();
+        for _ in 0..10 {
+            baseline.learn(200.0, 500.0);
+        }
+        let t0 = 1_000_000_000;
+        // A pulse caught one of 190 probation attempts (seed 004 at a 5 %
+        // share): the point P99 is clean, the upper rank is not.
+        for i in 0..190 {
+            let mut e = sample_event();
+            e.event_time_ms = t0 + i * 600;
+            e.latency_ms = if i == 95 {
+                2_200
+            } else {
+                120 + (i % 7) as i32 * 10
+            };
+            ring.record(&e);
+        }
+        let now = t0 + 190 * 600;
+        let probation = Probation {
+            min_samples: 200,
+            confidence_z: 1.0,
+        };
+        let at = |ring: &mut SliceRing, horizon| {
+            measure(
+                ring,
+                &outcomes,
+                &baseline,
+                &cfg.horizons(),
+                &policy,
+                now,
+                t0,
+                horizon,
+                probation,
+            )
+        };
+        let s = at(&mut ring, Horizon::Whole);
+        let p99 = s.get(SignalKind::P99Latency).unwrap();
+        assert!(p99.value < 400.0, "point P99 {}", p99.value);
+        assert!(p99.high.unwrap() > 1_500.0, "upper rank {:?}", p99.high);
+        let rel = s.get(SignalKind::RelativeP99).unwrap();
+        assert!(rel.high.unwrap() > 2.5 * rel.value, "{rel:?}");
+        let scored = crate::score::pessimistic(&s, &policy, probation.confidence_z);
+        assert!(scored >= 0.45, "the pass is refused: {scored}");
+        assert!(crate::score::score(&s, &policy).value < 0.40);
+        // Outside a probation no bound is read.
+        let s = at(&mut ring, Horizon::Recent);
+        assert_eq!(s.get(SignalKind::P99Latency).unwrap().high, None);
     }
 
     #[test]
@@ -889,7 +982,7 @@ mod tests {
             t0 + 100_000,
             i64::MIN / 2,
             Horizon::Recent,
-            0,
+            NOT_ON_PROBATION,
         );
         assert_eq!(s.quota_remaining, Some(9_000));
         assert_eq!(s.quota_exhausted_in_ms, Some(900_000));
