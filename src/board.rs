@@ -172,6 +172,11 @@ impl GroupBoard {
             .unwrap_or_default()
     }
 
+    /// The highest event time any report of the group carried.
+    pub fn watermark_ms(&self, group: &str) -> Option<i64> {
+        self.groups.get(group)?.watermark_ms
+    }
+
     /// If a channel of the group changed state since the last call: the
     /// wall time the earliest such change was handled (its reporter's
     /// clock), and the group's watermark to plan at. The writer re-plans

@@ -57,12 +57,25 @@ pub fn health_reports(
     let Some(watermark) = engine.watermark_ms().filter(|_| engine.is_warm()) else {
         return Vec::new();
     };
+    let healths = (0..engine.channel_count() as ChannelIdx)
+        .filter(|idx| engine.has_events(*idx))
+        .map(|idx| engine.health(idx))
+        .collect();
+    group_reports(healths, watermark, instance, partition, changed_at_wall_ms)
+}
+
+/// [`health_reports`] from healths already built (the service builds them
+/// once per step for its gauges and state saves too).
+pub fn group_reports(
+    healths: Vec<ChannelHealth>,
+    watermark_ms: i64,
+    instance: &str,
+    partition: i32,
+    changed_at_wall_ms: Option<i64>,
+) -> Vec<HealthReport> {
     let mut by_group: BTreeMap<String, Vec<ChannelHealth>> = BTreeMap::new();
-    for idx in 0..engine.channel_count() as ChannelIdx {
-        if engine.has_events(idx) {
-            let h = engine.health(idx);
-            by_group.entry(h.group.clone()).or_default().push(h);
-        }
+    for h in healths {
+        by_group.entry(h.group.clone()).or_default().push(h);
     }
     by_group
         .into_iter()
@@ -71,7 +84,7 @@ pub fn health_reports(
             group,
             instance: instance.to_string(),
             partition,
-            watermark_ms: watermark,
+            watermark_ms,
             channels,
             changed_at_wall_ms,
         })
@@ -145,6 +158,11 @@ impl GroupPlanner {
     /// Puts a group in (or out of) manual mode; false for an unknown group.
     pub fn set_manual(&mut self, group: &str, on: bool) -> bool {
         self.scheduler.set_manual(group, on)
+    }
+
+    /// The group's event time: the highest watermark its reports carried.
+    pub fn watermark_ms(&self, group: &str) -> Option<i64> {
+        self.board.watermark_ms(group)
     }
 
     /// The group's current plan, once planned from reports.

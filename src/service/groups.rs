@@ -20,8 +20,10 @@
 //! Redis being down delays writes (retried every round) but never the
 //! request loop, which runs on its own thread.
 
-use super::kafka;
+use super::command::Command;
+use super::kafka::{self, OutputProducer};
 use super::metrics::{GroupGauges, Metrics};
+use crate::alert::{AlertEvent, AlertRules};
 use crate::board::{writer_partition, NotReady};
 use crate::composition::GroupPlanner;
 use crate::config::Config;
@@ -135,9 +137,35 @@ struct GroupWriters {
     writers: BTreeMap<String, Writer>,
     sink: WeightSink,
     metrics: Arc<Metrics>,
+    /// The OVERRIDE alerts of operator commands carried out here.
+    rules: AlertRules,
 }
 
 impl GroupWriters {
+    /// An operator command for the writers: a freeze of a group written
+    /// here puts its planner in manual mode (the weights stay as published)
+    /// and is recorded as an OVERRIDE alert. Other commands, and groups
+    /// written elsewhere, are not this instance's to carry out.
+    fn on_command(&mut self, cmd: Command) -> Option<AlertEvent> {
+        let Command::Freeze { group, on } = cmd else {
+            return None;
+        };
+        if !self.writers.contains_key(&group) {
+            tracing::info!(%group, on, "freeze: this instance does not write the group");
+            return None;
+        }
+        if !self.planner.set_manual(&group, on) {
+            tracing::warn!(%group, "freeze: the group is not in the config");
+            return None;
+        }
+        tracing::info!(%group, on, "operator freeze applied");
+        let now = self
+            .planner
+            .watermark_ms(&group)
+            .unwrap_or_else(crate::wall_clock::now_ms);
+        Some(self.rules.group_override(&group, on, now))
+    }
+
     /// Takes a health report; true when it carries a state change of a
     /// group written here, to be planned and published now rather than at
     /// the next round.
@@ -320,17 +348,33 @@ fn gauges(snap: &WeightSnapshot, now: i64) -> GroupGauges {
 /// The group writers' loop: health reports in, snapshots out. A report
 /// with a state change is planned and published at once; everything else
 /// every 500 ms round.
-pub async fn run(
-    mut cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
-    ownership: Arc<Ownership>,
-    sink: WeightSink,
-    metrics: Arc<Metrics>,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+pub struct GroupLoopParts {
+    pub cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
+    pub ownership: Arc<Ownership>,
+    pub sink: WeightSink,
+    pub metrics: Arc<Metrics>,
+    pub stop: Arc<AtomicBool>,
+    /// Operator commands for the writers (freezes).
+    pub commands: tokio::sync::mpsc::UnboundedReceiver<Command>,
+    /// Where the writers' OVERRIDE alerts go.
+    pub producer: Arc<OutputProducer>,
+}
+
+pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
+    let GroupLoopParts {
+        mut cfg_rx,
+        ownership,
+        sink,
+        metrics,
+        stop,
+        mut commands,
+        producer,
+    } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
     let consumer = tokio::task::block_in_place(|| health_consumer(&cfg))?;
     let mut writers = GroupWriters {
         planner: GroupPlanner::new(cfg.clone()),
+        rules: AlertRules::new(cfg.alerts.clone()),
         cfg,
         writers: BTreeMap::new(),
         sink,
@@ -360,6 +404,11 @@ pub async fn run(
                     None => continue,
                 }
             }
+            Some(cmd) = commands.recv() => {
+                if let Some(alert) = writers.on_command(cmd) {
+                    produce_alert(&producer, &writers.cfg, &alert)?;
+                }
+            }
             _ = round.tick() => {}
         }
         if cfg_rx.has_changed().unwrap_or(false) {
@@ -367,6 +416,25 @@ pub async fn run(
         }
         writers.sync_ownership(&ownership);
         writers.on_tick().await;
+    }
+    Ok(())
+}
+
+/// An alert of the writers, with the request loop's policy for alerts: one
+/// Kafka will not take stops the loop.
+fn produce_alert(
+    producer: &OutputProducer,
+    cfg: &Config,
+    alert: &AlertEvent,
+) -> anyhow::Result<()> {
+    let bytes = alert
+        .to_avro()
+        .map_err(|e| anyhow::anyhow!("alert encoding: {e}"))?;
+    let rec = rdkafka::producer::BaseRecord::to(&cfg.kafka.alert_topic)
+        .key(alert.route_group.as_bytes())
+        .payload(&bytes[..]);
+    if !kafka::send(producer, rec) {
+        anyhow::bail!("alert produce failed");
     }
     Ok(())
 }

@@ -24,9 +24,12 @@
 //! config watcher. Any loop failing stops the process with an error: what it
 //! had not committed is handled again by the instance that takes over.
 
+pub mod command;
 pub mod groups;
 pub mod kafka;
 pub mod metrics;
+pub mod partition;
+pub mod rebalance;
 pub mod registry;
 pub mod requests;
 pub mod state_store;
@@ -131,6 +134,8 @@ pub enum Store {
 /// A running service: its loops, and how to stop it.
 pub struct Service {
     pub metrics: Arc<metrics::Metrics>,
+    /// Operator commands (pins, freezes) for the loops that carry them out.
+    pub commands: command::Commands,
     stop: Arc<AtomicBool>,
     done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
     request_thread: Option<std::thread::JoinHandle<()>>,
@@ -181,15 +186,21 @@ impl Service {
             Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),
         };
         let ownership = Arc::new(groups::Ownership::default());
-        let request_loop = requests::RequestLoop::new(
-            cfg_rx.clone(),
-            ownership.clone(),
-            state_store,
-            tokio::runtime::Handle::current(),
-            metrics.clone(),
+        let producer =
+            kafka::output_producer(&cfg.kafka, metrics.clone()).context("creating the producer")?;
+        let producer = Arc::new(producer);
+        let (commands, inboxes) = command::Commands::new();
+        let request_loop = requests::RequestLoop::new(requests::LoopParts {
+            cfg_rx: cfg_rx.clone(),
+            ownership: ownership.clone(),
+            store: state_store,
+            producer: producer.clone(),
+            rt: tokio::runtime::Handle::current(),
+            metrics: metrics.clone(),
             instance,
-            stop.clone(),
-        )?;
+            stop: stop.clone(),
+            commands: inboxes.requests,
+        })?;
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
         let tx = done_tx.clone();
         let request_thread = std::thread::Builder::new()
@@ -198,13 +209,22 @@ impl Service {
                 let r = request_loop.run();
                 let _ = tx.send(("request loop", r));
             })?;
-        let (m, s) = (metrics.clone(), stop.clone());
+        let group_loop = groups::GroupLoopParts {
+            cfg_rx,
+            ownership,
+            sink,
+            metrics: metrics.clone(),
+            stop: stop.clone(),
+            commands: inboxes.groups,
+            producer,
+        };
         tasks.push(tokio::spawn(async move {
-            let r = groups::run(cfg_rx, ownership, sink, m, s).await;
+            let r = groups::run(group_loop).await;
             let _ = done_tx.send(("group writer", r));
         }));
         Ok(Service {
             metrics,
+            commands,
             stop,
             done,
             request_thread: Some(request_thread),

@@ -1,0 +1,385 @@
+//! One owned request partition: its engine, its dedup memory and its replay
+//! position.
+//!
+//! A partition talks to no broker and no store. It takes decoded records
+//! and clock readings from the request loop and returns what they produced
+//! as values: a verdict per record ([`Applied`] or a [`Refused`] record for
+//! the dead-letter topic) and, after the engine moved, [`Outputs`] (alerts,
+//! state saves, gauges, health reports). The loop emits them in one place
+//! (`requests::Emitter`), with one failure policy.
+
+use super::metrics::ChannelGauges;
+use super::state_store::{SavedState, StateWrite};
+use crate::alert::AlertEvent;
+use crate::composition::{group_reports, ReportGate};
+use crate::config::Config;
+use crate::dedup::Dedup;
+use crate::engine::{ApplyError, ChannelIdx, Engine};
+use crate::event::RequestEvent;
+use crate::health::HealthReport;
+use crate::state::{Pin, StateMachine};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a new partition starts, from the rebalance callback.
+#[derive(Debug, Clone, Copy)]
+pub struct Position {
+    /// Offsets below this were handled by a previous owner: replayed, they
+    /// only rebuild windows (no dead letters, no alerts again).
+    pub resume_at: i64,
+    /// High watermark at assignment: the partition reports once past it.
+    pub caught_up_at: i64,
+    /// First offset this assignment reads.
+    pub start: i64,
+    /// Replayed events older than this are outside every window (a broker
+    /// that answers offsets-for-times too early costs time, not results).
+    pub replay_floor_ms: i64,
+}
+
+/// What became of a record that was not refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Applied live (`replayed`: below `resume_at`, windows only).
+    Applied { replayed: bool },
+    /// Replayed, and older than every window: skipped.
+    BelowReplayFloor,
+    /// Its event id was seen within the dedup horizon.
+    Duplicate,
+    /// Later than the allowed lateness: counted, not applied.
+    TooLate,
+}
+
+/// A record the engine refused: it goes to the dead-letter topic with this
+/// kind and reason (unless replayed: its owner dead-lettered it then).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub kind: &'static str,
+    pub reason: String,
+}
+
+/// What a step of the engine produced, for the loop to emit.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// Alerts to produce (none while replaying: the previous owner did).
+    pub alerts: Vec<AlertEvent>,
+    /// State machines that changed since they were last saved.
+    pub saves: Vec<StateWrite>,
+    /// Per channel the partition carries, after an evaluation.
+    pub gauges: Vec<(String, ChannelGauges)>,
+    /// Health per group, once caught up and warm.
+    pub reports: Vec<HealthReport>,
+}
+
+pub struct Partition {
+    pub id: i32,
+    engine: Engine,
+    dedup: Dedup,
+    /// Alerts raised since the last [`Partition::outputs`].
+    alerts: Vec<AlertEvent>,
+    resume_at: i64,
+    caught_up_at: i64,
+    next_offset: i64,
+    replay_floor_ms: i64,
+    pub last_record: Instant,
+    /// When the loop last asked whether this partition is really idle.
+    pub last_idle_check: Instant,
+    /// When the engine's steps are reported (`composition::ReportGate`).
+    gate: ReportGate,
+    /// The machines as last saved (restored ones count as saved).
+    saved: ahash::AHashMap<String, StateMachine>,
+    /// Held by this instance (an eager revocation deactivates every
+    /// partition until the next assignment says which stay).
+    pub active: bool,
+}
+
+impl Partition {
+    /// A partition rebuilt on assignment: the saved state machines are
+    /// restored (as of `saved_at_ms`, clamped to `latest_ok_ms` so a state
+    /// stamped in the future by a bad clock cannot freeze its channel), then
+    /// the loop replays from `pos.start`.
+    pub fn rebuild(
+        id: i32,
+        cfg: Arc<Config>,
+        pos: Position,
+        saved: &BTreeMap<String, SavedState>,
+        latest_ok_ms: i64,
+    ) -> Partition {
+        let mut engine = Engine::for_partition(cfg.clone());
+        let mut restored = ahash::AHashMap::new();
+        for (channel, s) in saved {
+            if s.saved_at_ms > latest_ok_ms {
+                tracing::warn!(
+                    channel = %channel,
+                    saved_at_ms = s.saved_at_ms,
+                    "saved state is stamped in the future; restoring it as of now"
+                );
+            }
+            let saved_at = s.saved_at_ms.min(latest_ok_ms);
+            if engine.restore(channel, s.machine.clone(), saved_at) {
+                restored.insert(channel.clone(), s.machine.clone());
+            }
+        }
+        tracing::info!(
+            partition = id,
+            restored = restored.len(),
+            "partition rebuilding"
+        );
+        Partition {
+            id,
+            engine,
+            dedup: Dedup::new(cfg.service.dedup_horizon_ms),
+            alerts: Vec::new(),
+            resume_at: pos.resume_at,
+            caught_up_at: pos.caught_up_at,
+            next_offset: pos.start,
+            replay_floor_ms: pos.replay_floor_ms,
+            last_record: Instant::now(),
+            last_idle_check: Instant::now(),
+            gate: ReportGate::default(),
+            saved: restored,
+            active: true,
+        }
+    }
+
+    /// Whether the record at `offset` is for this partition's engine: held,
+    /// and not behind what it already read (a seek in flight).
+    pub fn wants(&self, offset: i64) -> bool {
+        self.active && offset >= self.next_offset
+    }
+
+    /// Below `resume_at`: handled by the previous owner.
+    pub fn replays(&self, offset: i64) -> bool {
+        offset < self.resume_at
+    }
+
+    fn replaying(&self) -> bool {
+        self.replays(self.next_offset)
+    }
+
+    /// Past the high watermark seen at assignment.
+    pub fn caught_up(&self) -> bool {
+        self.next_offset >= self.caught_up_at
+    }
+
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A reloaded config (see `Engine::reconfigure` for what it refuses).
+    pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
+        self.engine.reconfigure(cfg)
+    }
+
+    /// Applies one decoded record read at `offset`, at wall time `wall_ms`.
+    /// A record stamped more than `clock_skew_ms` ahead of the wall clock is
+    /// refused before dedup (a far-future time would expire every remembered
+    /// id); the engine refuses it the same way.
+    pub fn apply(
+        &mut self,
+        ev: &RequestEvent,
+        offset: i64,
+        wall_ms: i64,
+        clock_skew_ms: i64,
+    ) -> Result<Applied, Refused> {
+        let replayed = self.replays(offset);
+        if replayed && ev.event_time_ms < self.replay_floor_ms {
+            return Ok(Applied::BelowReplayFloor);
+        }
+        let refused = |e: ApplyError| Refused {
+            kind: e.kind(),
+            reason: e.to_string(),
+        };
+        if crate::clock::is_ahead(ev.event_time_ms, wall_ms, clock_skew_ms) {
+            return Err(
+                match self.engine.apply_live(ev, wall_ms, &mut self.alerts) {
+                    Err(e) => refused(e),
+                    Ok(()) => Refused {
+                        kind: "future_timestamp",
+                        reason: "stamped ahead of the wall clock".into(),
+                    },
+                },
+            );
+        }
+        if !self.dedup.first_seen(ev.event_id, ev.event_time_ms) {
+            return Ok(Applied::Duplicate);
+        }
+        match self.engine.apply_live(ev, wall_ms, &mut self.alerts) {
+            Ok(()) => Ok(Applied::Applied { replayed }),
+            Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
+            Err(e) => Err(refused(e)),
+        }
+    }
+
+    /// The record at `offset` was handled (whatever became of it).
+    pub fn handled(&mut self, offset: i64) {
+        self.next_offset = offset + 1;
+        self.last_record = Instant::now();
+    }
+
+    /// An alert raised for this partition's records by a rule of the loop
+    /// (DECODE_ERROR_SPIKE); emitted with the next outputs.
+    pub fn raise(&mut self, alert: AlertEvent) {
+        self.alerts.push(alert);
+    }
+
+    /// Moves event time to `to_ms` (an idle partition). Nothing before the
+    /// first event: there is no clock to move yet.
+    pub fn advance_to(&mut self, to_ms: i64) {
+        if self.engine.watermark_ms().is_some() {
+            self.engine.advance_to(to_ms, &mut self.alerts);
+        }
+    }
+
+    /// Pins or unpins `channel` at the current watermark, if this partition
+    /// carries it (it has seen its events). Returns whether it did.
+    pub fn pin(&mut self, channel: &str, pin: Option<Pin>) -> bool {
+        let carried = self
+            .engine
+            .channel_index(channel)
+            .is_some_and(|idx| self.engine.has_events(idx));
+        let Some(now) = self.engine.watermark_ms().filter(|_| carried) else {
+            return false;
+        };
+        self.engine.pin(channel, pin, now, &mut self.alerts)
+    }
+
+    /// What the engine produced since the last call. Alerts always; after an
+    /// evaluation tick, or a state change between ticks (a drain must reach
+    /// gateways in well under a second), also state saves, gauges and,
+    /// once caught up, the health reports. `wall_ms` reads the wall clock
+    /// for a report that carries a state change.
+    pub fn outputs(&mut self, instance: &str, wall_ms: impl FnOnce() -> i64) -> Outputs {
+        let replaying = self.replaying();
+        let due = self.gate.due(&self.engine, &self.alerts);
+        let mut out = Outputs::default();
+        if replaying {
+            self.alerts.clear();
+        } else {
+            out.alerts = std::mem::take(&mut self.alerts);
+        }
+        let (Some(changed), Some(watermark)) = (due, self.engine.watermark_ms()) else {
+            return out;
+        };
+        let mut healths = Vec::new();
+        for idx in 0..self.engine.channel_count() as ChannelIdx {
+            if !self.engine.has_events(idx) {
+                continue;
+            }
+            let h = self.engine.health(idx);
+            let machine = self.engine.machine(idx);
+            if self.saved.get(&h.id) != Some(machine) {
+                self.saved.insert(h.id.clone(), machine.clone());
+                out.saves.push(StateWrite {
+                    group: h.group.clone(),
+                    channel: h.id.clone(),
+                    state: SavedState {
+                        saved_at_ms: watermark,
+                        machine: machine.clone(),
+                    },
+                });
+            }
+            let lat = self.engine.signals(idx).latency;
+            let g = ChannelGauges {
+                group: h.group.clone(),
+                state: h.state.as_str().to_string(),
+                score: h.score,
+                health_weight: h.weight,
+                p50_ms: lat.map(|l| l.p50_ms),
+                p99_ms: h.p99_ms,
+                error_rate: h.error_rate,
+                partition: self.id,
+            };
+            out.gauges.push((h.id.clone(), g));
+            healths.push(h);
+        }
+        if self.caught_up() && self.engine.is_warm() {
+            let changed_at = changed.then(wall_ms);
+            out.reports = group_reports(healths, watermark, instance, self.id, changed_at);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::AlertKind;
+    use crate::state::PinKind;
+
+    fn cfg() -> Arc<Config> {
+        use crate::config::Tier;
+        Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        ))
+    }
+
+    fn event(channel: &'static str, t: i64, id: &'static str) -> RequestEvent<'static> {
+        let mut e = crate::codec::tests::sample_event();
+        e.channel_id = channel;
+        e.event_time_ms = t;
+        e.event_id = id;
+        e
+    }
+
+    fn partition(resume_at: i64) -> Partition {
+        let pos = Position {
+            resume_at,
+            caught_up_at: 0,
+            start: 0,
+            replay_floor_ms: 0,
+        };
+        Partition::rebuild(0, cfg(), pos, &BTreeMap::new(), i64::MAX)
+    }
+
+    #[test]
+    fn records_come_back_as_verdicts_and_refusals_as_values() {
+        let mut p = partition(0);
+        let t = 1_764_000_000_000;
+        let e = event("free-a", t, "e1");
+        assert_eq!(
+            p.apply(&e, 0, t, 60_000),
+            Ok(Applied::Applied { replayed: false })
+        );
+        p.handled(0);
+        assert_eq!(p.apply(&e, 1, t, 60_000), Ok(Applied::Duplicate));
+        let ahead = event("free-a", t + 3_600_000, "e2");
+        let r = p.apply(&ahead, 2, t, 60_000).unwrap_err();
+        assert_eq!(r.kind, "future_timestamp");
+        let unknown = event("nope", t, "e3");
+        assert!(p.apply(&unknown, 3, t, 60_000).is_err());
+    }
+
+    #[test]
+    fn replayed_records_raise_no_alerts() {
+        let t = 1_764_000_000_000;
+        let pin = Pin {
+            kind: PinKind::Drain,
+            until_ms: None,
+        };
+        // Replaying (below resume_at): the alert the pin raised is the
+        // previous owner's to have produced.
+        let mut p = partition(10);
+        p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
+        p.handled(0);
+        assert!(p.pin("free-a", Some(pin)));
+        assert!(p.outputs("i", || 0).alerts.is_empty());
+        // Live: the same pin is an OVERRIDE alert out.
+        let mut p = partition(0);
+        p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
+        p.handled(0);
+        assert!(p.pin("free-a", Some(pin)));
+        assert!(!p.pin("paid-a", Some(pin)), "not carried here");
+        let out = p.outputs("i", || 0);
+        assert_eq!(out.alerts.len(), 1);
+        assert_eq!(out.alerts[0].kind, AlertKind::Override);
+    }
+}

@@ -1,0 +1,412 @@
+//! Rebalance bookkeeping for the request loop.
+//!
+//! librdkafka calls [`RequestContext::rebalance`] between two polls of the
+//! loop's thread. On assignment it decides where each new partition starts
+//! reading (`plan_assignment`: the replay window by time, else the committed
+//! offset, else the beginning) and whether it was ours before; on revocation
+//! it flushes the outputs and commits before letting go. What happened is
+//! queued as [`RebalanceEvent`]s in [`Shared`] for the loop to apply to its
+//! partitions ([`apply`]), so the loop's own state is never touched from the
+//! callback. The statistics callback also lands here: per-partition lag for
+//! the metrics, and the fetch high watermarks that idle detection reads.
+
+use super::kafka::OutputProducer;
+use super::metrics::Metrics;
+use super::partition::Partition;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::producer::Producer;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientContext;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub(super) const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A partition the group gave us, as the rebalance callback prepared it.
+#[derive(Debug, Clone)]
+pub(super) struct Assigned {
+    pub(super) partition: i32,
+    /// We held it before this rebalance and resume where we were.
+    pub(super) kept: bool,
+    /// Offsets below this were handled by a previous owner.
+    pub(super) resume_at: i64,
+    /// High watermark at assignment: reporting starts once past it.
+    pub(super) high: i64,
+    /// First offset this assignment reads.
+    pub(super) start: i64,
+}
+
+#[derive(Debug)]
+pub(super) enum RebalanceEvent {
+    /// `incremental`: added to the current assignment (cooperative);
+    /// otherwise the whole new assignment (eager).
+    Assigned {
+        list: Vec<Assigned>,
+        incremental: bool,
+    },
+    /// `Some`: these partitions (cooperative); `None`: all (eager).
+    Revoked(Option<Vec<i32>>),
+}
+
+#[derive(Default)]
+pub(super) struct Shared {
+    /// Positions of the partitions held when they were last revoked.
+    pub(super) positions: HashMap<i32, i64>,
+    /// Per partition: the high watermark of the last fetch response, from
+    /// librdkafka's statistics, and when it was reported.
+    pub(super) high_watermarks: HashMap<i32, (i64, Instant)>,
+    pub(super) events: Vec<RebalanceEvent>,
+}
+
+/// Prepares offsets on assignment (replay start) and commits on revocation.
+pub(super) struct RequestContext {
+    pub(super) topic: String,
+    pub(super) replay_ms: i64,
+    pub(super) shared: Arc<Mutex<Shared>>,
+    pub(super) producer: Arc<OutputProducer>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl ClientContext for RequestContext {
+    /// Consumer lag per partition from librdkafka's statistics (no broker
+    /// round trip on the loop).
+    fn stats(&self, stats: rdkafka::Statistics) {
+        if let Some(t) = stats.topics.get(&self.topic) {
+            let now = Instant::now();
+            let mut shared = lock(&self.shared);
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    self.metrics.set_lag(*p, part.consumer_lag);
+                }
+                if *p >= 0 && part.hi_offset >= 0 {
+                    shared.high_watermarks.insert(*p, (part.hi_offset, now));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RequestContext {
+    /// Where each assigned partition starts, and what the loop needs to
+    /// rebuild it (see [`start_of`]).
+    fn plan_assignment(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        tpl: &mut TopicPartitionList,
+    ) -> Vec<Assigned> {
+        let positions = std::mem::take(&mut lock(&self.shared).positions);
+        let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        let mut fresh = TopicPartitionList::new();
+        for p in &partitions {
+            if !positions.contains_key(p) {
+                fresh.add_partition(&self.topic, *p);
+            }
+        }
+        let committed = self.committed(c, &fresh);
+        let replay_from = self.replay_from(c, &fresh);
+        let mut out = Vec::new();
+        for p in partitions {
+            let high = c
+                .fetch_watermarks(&self.topic, p, BROKER_TIMEOUT)
+                .map(|(_, h)| h)
+                .unwrap_or(0);
+            let known = Known {
+                position: positions.get(&p).copied(),
+                committed: committed.get(&p).copied(),
+                replay_from: replay_from.get(&p).copied(),
+                high,
+            };
+            let (start, assigned) = start_of(p, known);
+            let _ = tpl.set_partition_offset(&self.topic, p, start);
+            tracing::info!(
+                partition = p,
+                ?start,
+                resume_at = assigned.resume_at,
+                high,
+                kept = assigned.kept,
+                "partition assigned"
+            );
+            out.push(assigned);
+        }
+        out
+    }
+
+    /// The group's committed offsets of `fresh` (none if the broker cannot
+    /// say: the window is replayed).
+    fn committed(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        fresh: &TopicPartitionList,
+    ) -> HashMap<i32, i64> {
+        if fresh.count() == 0 {
+            return HashMap::new();
+        }
+        match c.committed_offsets(fresh.clone(), BROKER_TIMEOUT) {
+            Ok(t) => t
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "committed offsets unavailable; replaying the window only");
+                HashMap::new()
+            }
+        }
+    }
+
+    /// The first offset of the replay window (now minus the longest window
+    /// and the allowed lateness) of `fresh`, by time.
+    fn replay_from(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        fresh: &TopicPartitionList,
+    ) -> HashMap<i32, Offset> {
+        let since = crate::wall_clock::now_ms() - self.replay_ms;
+        let mut by_time = TopicPartitionList::new();
+        for e in fresh.elements() {
+            let _ = by_time.add_partition_offset(&self.topic, e.partition(), Offset::Offset(since));
+        }
+        if by_time.count() == 0 {
+            return HashMap::new();
+        }
+        match c.offsets_for_times(by_time, BROKER_TIMEOUT) {
+            Ok(t) => t
+                .elements()
+                .iter()
+                .map(|e| (e.partition(), e.offset()))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "offsets-for-times failed; replaying from the committed offsets");
+                HashMap::new()
+            }
+        }
+    }
+}
+
+/// What the broker and the loop know of a partition at assignment.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// Our own position, if we held it until the last (eager) revocation.
+    position: Option<i64>,
+    committed: Option<i64>,
+    /// The replay window's first offset, by time.
+    replay_from: Option<Offset>,
+    high: i64,
+}
+
+/// Where partition `p` starts reading, and its bookkeeping. A partition we
+/// held resumes at our position. A new one replays the window (by time) when
+/// the broker can say where it starts; without that, from the committed
+/// offset, or for a group that never committed, from the beginning (records
+/// older than every window are then skipped cheaply, and bad ones still
+/// reach the dead-letter topic: nothing is lost).
+fn start_of(p: i32, k: Known) -> (Offset, Assigned) {
+    if let Some(pos) = k.position {
+        let a = Assigned {
+            partition: p,
+            kept: true,
+            resume_at: pos,
+            high: k.high,
+            start: pos,
+        };
+        return (Offset::Offset(pos), a);
+    }
+    let start = match (k.replay_from, k.committed) {
+        (Some(Offset::Offset(o)), Some(c)) => Offset::Offset(o.min(c)),
+        (Some(Offset::Offset(o)), None) => Offset::Offset(o),
+        (_, Some(c)) => Offset::Offset(c),
+        (_, None) => Offset::Beginning,
+    };
+    let start_num = match start {
+        Offset::Offset(o) => o,
+        Offset::End => k.high,
+        _ => 0,
+    };
+    let a = Assigned {
+        partition: p,
+        kept: false,
+        // A brand-new group: what we replay is new to everyone.
+        resume_at: k.committed.unwrap_or(start_num),
+        high: k.high,
+        start: start_num,
+    };
+    (start, a)
+}
+
+impl ConsumerContext for RequestContext {
+    fn rebalance(
+        &self,
+        c: &BaseConsumer<RequestContext>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let incremental = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                let list = self.plan_assignment(c, tpl);
+                let r = if incremental {
+                    c.incremental_assign(tpl)
+                } else {
+                    c.assign(tpl)
+                };
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "assign failed");
+                }
+                lock(&self.shared)
+                    .events
+                    .push(RebalanceEvent::Assigned { list, incremental });
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let incremental = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                let mut positions = HashMap::new();
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            positions.insert(e.partition(), o);
+                        }
+                    }
+                }
+                if !c.assignment_lost() {
+                    // Outputs first, then the offsets that cover them.
+                    if self.producer.flush(BROKER_TIMEOUT).is_ok() {
+                        if let Err(e) = c.commit_consumer_state(CommitMode::Sync) {
+                            tracing::debug!(error = %e, "commit on revocation");
+                        }
+                    }
+                }
+                let revoked: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                tracing::info!(?revoked, "partitions revoked");
+                let r = if incremental {
+                    c.incremental_unassign(tpl)
+                } else {
+                    c.unassign()
+                };
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "unassign failed");
+                }
+                let mut sh = lock(&self.shared);
+                if incremental {
+                    sh.events.push(RebalanceEvent::Revoked(Some(revoked)));
+                } else {
+                    sh.positions = positions;
+                    sh.events.push(RebalanceEvent::Revoked(None));
+                }
+            }
+            other => tracing::error!(error = ?other, "rebalance error"),
+        }
+    }
+}
+
+/// Applies one rebalance event to the loop's partitions. Revoked ones are
+/// dropped (cooperative) or deactivated (eager: the next assignment says
+/// which stay). On assignment, those not held before, or no longer held, are
+/// built by `build` (which restores their saved state once for all of them),
+/// and the ones kept are active again.
+pub(super) fn apply(
+    partitions: &mut BTreeMap<i32, Partition>,
+    ev: RebalanceEvent,
+    metrics: &Metrics,
+    build: impl FnOnce(&[Assigned]) -> Vec<Partition>,
+) {
+    let forget = |partitions: &mut BTreeMap<i32, Partition>, p: i32| {
+        partitions.remove(&p);
+        metrics.forget_partition(p);
+    };
+    match ev {
+        RebalanceEvent::Revoked(None) => {
+            for part in partitions.values_mut() {
+                part.active = false;
+            }
+        }
+        RebalanceEvent::Revoked(Some(ps)) => {
+            for p in ps {
+                forget(partitions, p);
+            }
+        }
+        RebalanceEvent::Assigned { list, incremental } => {
+            let keep: Vec<i32> = list
+                .iter()
+                .filter(|a| a.kept)
+                .map(|a| a.partition)
+                .collect();
+            if !incremental {
+                let gone: Vec<i32> = partitions
+                    .keys()
+                    .filter(|p| !keep.contains(p))
+                    .copied()
+                    .collect();
+                for p in gone {
+                    forget(partitions, p);
+                }
+            }
+            let fresh: Vec<Assigned> = list
+                .into_iter()
+                .filter(|a| !a.kept || !partitions.contains_key(&a.partition))
+                .collect();
+            if !fresh.is_empty() {
+                for part in build(&fresh) {
+                    partitions.insert(part.id, part);
+                }
+            }
+            for p in keep {
+                if let Some(part) = partitions.get_mut(&p) {
+                    part.active = true;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(position: Option<i64>, committed: Option<i64>, by_time: Option<i64>) -> Known {
+        Known {
+            position,
+            committed,
+            replay_from: by_time.map(Offset::Offset),
+            high: 500,
+        }
+    }
+
+    #[test]
+    fn a_kept_partition_resumes_where_it_was() {
+        let (start, a) = start_of(3, known(Some(120), Some(100), Some(10)));
+        assert_eq!(start, Offset::Offset(120));
+        assert!(a.kept);
+        assert_eq!((a.resume_at, a.start, a.high), (120, 120, 500));
+    }
+
+    #[test]
+    fn a_new_partition_replays_the_window_and_resumes_after_the_commit() {
+        // The window starts before the committed offset: replay from it,
+        // alerts and dead letters only past the commit.
+        let (start, a) = start_of(0, known(None, Some(100), Some(40)));
+        assert_eq!(start, Offset::Offset(40));
+        assert_eq!((a.kept, a.resume_at, a.start), (false, 100, 40));
+        // The commit is older than the window: nothing uncommitted is
+        // skipped.
+        let (start, a) = start_of(0, known(None, Some(30), Some(40)));
+        assert_eq!(start, Offset::Offset(30));
+        assert_eq!(a.resume_at, 30);
+    }
+
+    #[test]
+    fn without_offsets_by_time_the_commit_or_the_beginning() {
+        let (start, a) = start_of(0, known(None, Some(100), None));
+        assert_eq!((start, a.resume_at), (Offset::Offset(100), 100));
+        // A group that never committed: everything is new to everyone.
+        let (start, a) = start_of(0, known(None, None, None));
+        assert_eq!((start, a.resume_at, a.start), (Offset::Beginning, 0, 0));
+    }
+}
