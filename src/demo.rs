@@ -49,6 +49,9 @@ pub struct DemoOptions {
     pub garbage_every: u64,
     /// Serve `/metrics` and `/status` here (ip:port).
     pub http_listen: Option<String>,
+    /// Operator commands to send the service, each at this many seconds
+    /// into the run (a scripted override: a pin, a freeze).
+    pub commands: Vec<(u64, crate::service::command::Command)>,
 }
 
 /// What a demo run did, for its caller and tests.
@@ -68,6 +71,9 @@ pub struct DemoSummary {
     /// and their transitions (channel, from, to).
     pub alerts_read_back: u64,
     pub transitions_read_back: Vec<(String, String, String)>,
+    /// OVERRIDE alerts read back: (channel, or the group for a freeze;
+    /// reason).
+    pub overrides_read_back: Vec<(String, String)>,
     /// Records read back from the dead-letter topic with a `reason` header.
     pub dead_letters_read_back: u64,
 }
@@ -346,7 +352,18 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
         Arc::clone(&counters),
     ));
     let mut status = tokio::time::interval(Duration::from_secs(1));
+    let mut commands = opts.commands.clone();
+    commands.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
     loop {
+        while commands
+            .last()
+            .is_some_and(|(at, _)| started.elapsed() >= Duration::from_secs(*at))
+        {
+            let (_, cmd) = commands.pop().expect("checked");
+            if !service.commands.send(cmd) {
+                anyhow::bail!("an operator command found its loop stopped");
+            }
+        }
         tokio::select! {
             r = &mut gateway_task => {
                 r.context("the gateways task")?;
@@ -400,6 +417,13 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     for msg in read_back(&bootstrap, &cfg.kafka.alert_topic, summary.alerts_produced).await? {
         if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_avro(p).ok()) {
             summary.alerts_read_back += 1;
+            if a.kind == crate::alert::AlertKind::Override {
+                let who = a
+                    .channel_id
+                    .clone()
+                    .unwrap_or_else(|| a.route_group.clone());
+                summary.overrides_read_back.push((who, a.reason.clone()));
+            }
             if a.kind == crate::alert::AlertKind::Transition {
                 summary.transitions_read_back.push((
                     a.channel_id.unwrap_or_default(),

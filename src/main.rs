@@ -247,6 +247,7 @@ fn demo(
         show_status: true,
         garbage_every: 500,
         http_listen: http,
+        commands: Vec::new(),
     }))?;
     println!(
         "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}\nfinal states: {:?}",

@@ -54,6 +54,7 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         show_status: false,
         garbage_every: 50,
         http_listen: None,
+        commands: Vec::new(),
     })
     .await
     .unwrap();
@@ -90,4 +91,50 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         "{:?}",
         summary.snapshot_versions
     );
+}
+
+/// Operator commands reach the loop that carries them out: a pin reaches the
+/// partition engine that carries the channel, a freeze the group's writer,
+/// and each is recorded as an OVERRIDE alert on the alert topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_reach_the_engines_and_the_writer() {
+    use hermes::service::command::Command;
+    use hermes::state::{Pin, PinKind};
+    let pin = Command::Pin {
+        channel: "paid-a".into(),
+        pin: Some(Pin {
+            kind: PinKind::Drain,
+            until_ms: None,
+        }),
+    };
+    let freeze = Command::Freeze {
+        group: "chat".into(),
+        on: true,
+    };
+    let summary = run(DemoOptions {
+        scenario: Scenario::from_toml(SCENARIO).unwrap(),
+        seconds: 12,
+        redis_url: None,
+        redraw: false,
+        show_status: false,
+        garbage_every: 0,
+        http_listen: None,
+        commands: vec![(7, pin), (9, freeze)],
+    })
+    .await
+    .unwrap();
+    let overrides = &summary.overrides_read_back;
+    assert!(
+        overrides
+            .iter()
+            .any(|(who, why)| who == "paid-a" && why.contains("pin")),
+        "{overrides:?}"
+    );
+    assert!(
+        overrides
+            .iter()
+            .any(|(who, why)| who == "chat" && why == "manual_mode(on=true)"),
+        "{overrides:?}"
+    );
+    assert_eq!(overrides.len(), 2, "each command once: {overrides:?}");
 }
