@@ -210,6 +210,16 @@ pub struct Engine {
     jump: crate::clock::JumpGuard,
 }
 
+/// A channel's consecutive-failure counts after an event.
+#[derive(Debug, Clone, Copy)]
+struct Streaks {
+    /// The hard-failure streak grew with this event.
+    grew: bool,
+    failures: u32,
+    /// Consecutive hard-failed probes.
+    probes: u32,
+}
+
 impl Engine {
     /// An engine that owns every channel of the config (the simulator,
     /// replay): a channel without events is evaluated too, and raises the
@@ -339,6 +349,26 @@ impl Engine {
         reference: crate::clock::Reference,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
+        let idx = self.admit(ev, reference)?;
+        let t = ev.event_time_ms;
+        if self.watermark_ms.is_none_or(|w| t > w) {
+            self.advance_to(t, out);
+        }
+        self.stats.applied += 1;
+        if let Some(streaks) = self.record(idx, ev) {
+            self.on_streaks(idx, t, ev.is_probe, streaks, out);
+        }
+        Ok(())
+    }
+
+    /// The channel an event is for, if the engine takes it: a known channel
+    /// of the event's group, within the allowed lateness, stamped by a clock
+    /// in line with `reference`.
+    fn admit(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        reference: crate::clock::Reference,
+    ) -> Result<ChannelIdx, ApplyError> {
         let Some(&idx) = self.by_id.get(ev.channel_id) else {
             self.stats.unknown_channel += 1;
             return Err(ApplyError::UnknownChannel {
@@ -353,35 +383,37 @@ impl Engine {
             }
         }
         self.check_clock(ev, reference)?;
-        {
-            let ch = &self.channels[idx as usize];
-            if ch.cfg.group != ev.route_group {
-                self.stats.group_mismatch += 1;
-                return Err(ApplyError::GroupMismatch {
-                    channel: ev.channel_id.to_string(),
-                    expected: ch.cfg.group.clone(),
-                    got: ev.route_group.to_string(),
-                });
-            }
+        let ch = &self.channels[idx as usize];
+        if ch.cfg.group != ev.route_group {
+            self.stats.group_mismatch += 1;
+            return Err(ApplyError::GroupMismatch {
+                channel: ev.channel_id.to_string(),
+                expected: ch.cfg.group.clone(),
+                got: ev.route_group.to_string(),
+            });
         }
-        if self.watermark_ms.is_none_or(|w| t > w) {
-            self.advance_to(t, out);
-        }
-        self.stats.applied += 1;
+        Ok(idx)
+    }
+
+    /// Records an admitted event in its channel's windows, outcomes and
+    /// failure streaks. The streaks, when the machine may act on them (a
+    /// sent, not cancelled attempt of a channel not frozen by a restore).
+    fn record(&mut self, idx: ChannelIdx, ev: &RequestEvent<'_>) -> Option<Streaks> {
+        let t = ev.event_time_ms;
         let ch = &mut self.channels[idx as usize];
         ch.ring.record(ev);
         if !ev.was_sent() {
             // Demand only: says nothing about the channel's health.
             self.stats.unsent += 1;
             ch.last_unsent_ms = Some(ch.last_unsent_ms.map_or(t, |l| l.max(t)));
-            return Ok(());
+            return None;
         }
         if ch.cfg.quota.is_some() && ev.quota_remaining.is_none() {
             ch.quota.record(t, ch.cfg.quota_period_ms);
         }
         ch.last_event_ms = Some(ch.last_event_ms.map_or(t, |l| l.max(t)));
         if ev.error_class == ErrorClass::Cancelled {
-            return Ok(());
+            return None;
         }
         if ev.is_probe {
             if ev.error_class.is_hard_failure() {
@@ -395,18 +427,32 @@ impl Engine {
         }
         let before = ch.streak.count;
         let n = ch.streak.record(ev.error_class);
-        let probe_streak = ch.probe_streak;
-        if ch.frozen_at(t) {
-            return Ok(());
-        }
-        if n > before {
+        (!ch.frozen_at(t)).then_some(Streaks {
+            grew: n > before,
+            failures: n,
+            probes: ch.probe_streak,
+        })
+    }
+
+    /// The fast path (SPEC §5: N consecutive hard failures drain at once)
+    /// and the probe-streak alarm.
+    fn on_streaks(
+        &mut self,
+        idx: ChannelIdx,
+        t: i64,
+        probe: bool,
+        streaks: Streaks,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        let ch = &self.channels[idx as usize];
+        if streaks.grew {
             let policy = ch.cfg.policy.clone();
             let correlated = self.safety[ch.group_idx].in_panic();
             self.scratch.clear();
             let mut scratch = std::mem::take(&mut self.scratch);
             self.channels[idx as usize].machine.on_failure_streak(
                 t,
-                n,
+                streaks.failures,
                 correlated,
                 &policy.states,
                 &mut scratch,
@@ -414,16 +460,15 @@ impl Engine {
             self.emit_changes(idx, &scratch, out);
             self.scratch = scratch;
         }
-        if ev.is_probe && probe_streak > 0 {
+        if probe && streaks.probes > 0 {
             let ch = &self.channels[idx as usize];
             let who = Subject {
                 group: &ch.cfg.group,
                 channel: &ch.cfg.id,
                 index: idx,
             };
-            self.rules.on_probe_streak(&who, t, probe_streak, out);
+            self.rules.on_probe_streak(&who, t, streaks.probes, out);
         }
-        Ok(())
     }
 
     /// Moves the watermark to `now_ms` (if later) and runs every evaluation

@@ -279,53 +279,17 @@ pub fn plan(
     let mut ch: Vec<&ChannelInput> = channels.iter().collect();
     ch.sort_by(|a, b| a.id.cmp(&b.id));
     let n = ch.len();
-    let total_initial: f64 = ch.iter().map(|c| c.initial_weight.max(0.0)).sum();
-    let trust: Vec<f64> = ch
-        .iter()
-        .map(|c| {
-            if total_initial > 0.0 {
-                c.initial_weight.max(0.0) / total_initial
-            } else {
-                1.0 / n.max(1) as f64
-            }
-        })
-        .collect();
-    let horizon_s = input.horizon_ms as f64 / 1000.0;
-    let mut quota_bound = vec![false; n];
-    let cap: Vec<f64> = ch
-        .iter()
-        .enumerate()
-        .map(|(j, c)| {
-            let mut cap = (c.capacity_rps * cfg.capacity_headroom).max(0.0);
-            if let (Some(left_ms), Some(remaining)) = (c.quota_exhausted_in_ms, c.quota_remaining) {
-                if left_ms < input.horizon_ms {
-                    let sustainable = remaining.max(0) as f64 / horizon_s;
-                    if sustainable < cap {
-                        cap = sustainable;
-                        quota_bound[j] = true;
-                    }
-                }
-            }
-            cap
-        })
-        .collect();
-    let mut order_cost: Vec<usize> = (0..n).collect();
-    order_cost.sort_by(|a, b| {
-        ch[*a]
-            .price_per_1k_tokens
-            .total_cmp(&ch[*b].price_per_1k_tokens)
-            .then(ch[*a].id.cmp(&ch[*b].id))
-    });
+    let (cap, quota_bound) = capacities(&ch, input.horizon_ms, cfg.capacity_headroom);
     let demand = input
         .demand_rps
         .map(|d| if d.is_finite() { d.max(0.0) } else { 0.0 });
     let known = input.warm && demand.iter().sum::<f64>() > EPS;
     let ctx = Ctx {
+        trust: trust_shares(&ch),
+        order_cost: cheapest_first(&ch),
         ch,
         cap,
-        trust,
         demand: demand.map(|d| d.max(PHANTOM_RPS)),
-        order_cost,
         classes,
         prio: classes.in_priority_order(),
         overflow_max_failure_rate: cfg.overflow_max_failure_rate,
@@ -365,6 +329,59 @@ pub fn plan(
     };
 
     build_plan(input, &ctx, fractions, previous, manual)
+}
+
+/// Each channel's trust-tier share: its initial weight over the group's.
+fn trust_shares(ch: &[&ChannelInput]) -> Vec<f64> {
+    let n = ch.len();
+    let total: f64 = ch.iter().map(|c| c.initial_weight.max(0.0)).sum();
+    ch.iter()
+        .map(|c| {
+            if total > 0.0 {
+                c.initial_weight.max(0.0) / total
+            } else {
+                1.0 / n.max(1) as f64
+            }
+        })
+        .collect()
+}
+
+/// What each channel can take (rps, within the headroom), and whether its
+/// quota is what bounds it: a quota forecast to run out within the horizon
+/// caps the channel at the rate its remainder sustains.
+fn capacities(ch: &[&ChannelInput], horizon_ms: i64, headroom: f64) -> (Vec<f64>, Vec<bool>) {
+    let horizon_s = horizon_ms as f64 / 1000.0;
+    let mut quota_bound = vec![false; ch.len()];
+    let cap = ch
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let mut cap = (c.capacity_rps * headroom).max(0.0);
+            if let (Some(left_ms), Some(remaining)) = (c.quota_exhausted_in_ms, c.quota_remaining) {
+                if left_ms < horizon_ms {
+                    let sustainable = remaining.max(0) as f64 / horizon_s;
+                    if sustainable < cap {
+                        cap = sustainable;
+                        quota_bound[j] = true;
+                    }
+                }
+            }
+            cap
+        })
+        .collect();
+    (cap, quota_bound)
+}
+
+/// Channel indices, cheapest first (ties by id).
+fn cheapest_first(ch: &[&ChannelInput]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..ch.len()).collect();
+    order.sort_by(|a, b| {
+        ch[*a]
+            .price_per_1k_tokens
+            .total_cmp(&ch[*b].price_per_1k_tokens)
+            .then(ch[*a].id.cmp(&ch[*b].id))
+    });
+    order
 }
 
 /// A channel as panic mode plans it: healthy unless an operator pinned it.
@@ -918,6 +935,68 @@ impl Scheduler {
         health: &[crate::health::ChannelHealth],
         warm: bool,
     ) -> (&Plan, bool) {
+        let correlated = self.judge_correlation(gi, now_ms, health, warm);
+        let g = &self.cfg.groups[gi];
+        let prev = self.plans[gi].as_ref();
+        let mut demand = [0.0; 4];
+        let mut unsent = [0.0; 4];
+        let mut measured_spend = 0.0;
+        let mut channels = Vec::with_capacity(g.channels.len());
+        for c in &g.channels {
+            let h = health.iter().find(|h| h.id == c.id);
+            if let Some(h) = h {
+                for k in 0..4 {
+                    demand[k] += h.demand_rps[k];
+                    unsent[k] += h.unsent_rps[k];
+                }
+                measured_spend += h.spend_per_hour;
+            }
+            channels.push(ChannelInput::of(c, h));
+        }
+        self.demand[gi] = self.uncensored_demand(gi, demand, unsent);
+        let spend_calibration = if warm {
+            self.spend[gi].update(
+                now_ms,
+                prev.map(|p| p.projected_spend_per_hour),
+                measured_spend,
+                self.cfg.schedule.demand_window_ms,
+            )
+        } else {
+            1.0
+        };
+        let input = GroupInput {
+            group: g.id.clone(),
+            now_ms,
+            channels,
+            demand_rps: self.demand[gi],
+            budget_per_hour: g.budget_per_hour,
+            horizon_ms: self.cfg.engine.quota_horizon_ms,
+            warm,
+            correlated,
+            spend_calibration,
+        };
+        let next = plan(
+            &input,
+            &self.cfg.classes,
+            &self.cfg.schedule,
+            prev,
+            self.manual[gi],
+        );
+        let changed = prev.is_none_or(|p| p.version != next.version);
+        self.plans[gi] = Some(next);
+        (self.plans[gi].as_ref().expect("just set"), changed)
+    }
+
+    /// Whether group `gi` fails as a whole (SPEC §5a): its own panic rule
+    /// over the channels' health (updated once warm), or a partition engine
+    /// that already judged it so.
+    fn judge_correlation(
+        &mut self,
+        gi: usize,
+        now_ms: i64,
+        health: &[crate::health::ChannelHealth],
+        warm: bool,
+    ) -> bool {
         let g = &self.cfg.groups[gi];
         let window_ms = self.cfg.safety.correlation_window_ms;
         let peers: Vec<crate::safety::PeerHealth> = g
@@ -941,44 +1020,17 @@ impl Scheduler {
         if warm {
             self.safety[gi].update(now_ms, &peers, &self.cfg.safety);
         }
-        let correlated =
-            self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated);
-        let prev = self.plans[gi].as_ref();
-        let mut demand = [0.0; 4];
-        let mut unsent = [0.0; 4];
-        let mut measured_spend = 0.0;
-        let mut channels = Vec::with_capacity(g.channels.len());
-        for c in &g.channels {
-            let h = health.iter().find(|h| h.id == c.id);
-            if let Some(h) = h {
-                for k in 0..4 {
-                    demand[k] += h.demand_rps[k];
-                    unsent[k] += h.unsent_rps[k];
-                }
-                measured_spend += h.spend_per_hour;
-            }
-            channels.push(ChannelInput {
-                id: c.id.clone(),
-                state: h.map_or(StateKind::Healthy, |h| h.state),
-                health_weight: h.map_or(1.0, |h| h.weight),
-                pinned: h.is_some_and(|h| h.pinned),
-                score: h.and_then(|h| h.score),
-                price_per_1k_tokens: c.price_per_1k_tokens,
-                capacity_rps: c.capacity_rps,
-                initial_weight: c.initial_weight,
-                quota_remaining: h.and_then(|h| h.quota_remaining),
-                quota_exhausted_in_ms: h.and_then(|h| h.quota_exhausted_in_ms),
-                tokens_per_request: h.and_then(|h| h.tokens_per_request),
-                failure_rate: h.and_then(|h| h.failure_rate),
-            });
-        }
-        // Gateways report the requests they shed (`dispatch`), and those
-        // count in `demand_rps`. Gateways that do not (older ones) leave a
-        // shed class's demand censored: for a class shed with no unsent
-        // report at all, scale the served demand back up by the shed share,
-        // and never let the estimate fall faster than a slow decay. A low
-        // estimate would plan a backup above its capacity (seed 002).
-        if let Some(p) = prev {
+        self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated)
+    }
+
+    /// Gateways report the requests they shed (`dispatch`), and those count
+    /// in `demand_rps`. Gateways that do not (older ones) leave a shed
+    /// class's demand censored: for a class shed with no unsent report at
+    /// all, scale the served demand back up by the shed share, and never
+    /// let the estimate fall faster than a slow decay. A low estimate would
+    /// plan a backup above its capacity (seed 002).
+    fn uncensored_demand(&self, gi: usize, mut demand: [f64; 4], unsent: [f64; 4]) -> [f64; 4] {
+        if let Some(p) = self.plans[gi].as_ref() {
             for (k, d) in demand.iter_mut().enumerate() {
                 let shed = p.classes[k].shed;
                 if shed > 1e-9 && unsent[k] <= 0.0 {
@@ -987,38 +1039,31 @@ impl Scheduler {
                 }
             }
         }
-        self.demand[gi] = demand;
-        let spend_calibration = if warm {
-            self.spend[gi].update(
-                now_ms,
-                prev.map(|p| p.projected_spend_per_hour),
-                measured_spend,
-                self.cfg.schedule.demand_window_ms,
-            )
-        } else {
-            1.0
-        };
-        let input = GroupInput {
-            group: g.id.clone(),
-            now_ms,
-            channels,
-            demand_rps: demand,
-            budget_per_hour: g.budget_per_hour,
-            horizon_ms: self.cfg.engine.quota_horizon_ms,
-            warm,
-            correlated,
-            spend_calibration,
-        };
-        let next = plan(
-            &input,
-            &self.cfg.classes,
-            &self.cfg.schedule,
-            prev,
-            self.manual[gi],
-        );
-        let changed = prev.is_none_or(|p| p.version != next.version);
-        self.plans[gi] = Some(next);
-        (self.plans[gi].as_ref().expect("just set"), changed)
+        demand
+    }
+}
+
+impl ChannelInput {
+    /// A configured channel as its health shows it; with no health yet,
+    /// healthy at full weight with an unknown score.
+    fn of(
+        c: &crate::config::ChannelConfig,
+        h: Option<&crate::health::ChannelHealth>,
+    ) -> ChannelInput {
+        ChannelInput {
+            id: c.id.clone(),
+            state: h.map_or(StateKind::Healthy, |h| h.state),
+            health_weight: h.map_or(1.0, |h| h.weight),
+            pinned: h.is_some_and(|h| h.pinned),
+            score: h.and_then(|h| h.score),
+            price_per_1k_tokens: c.price_per_1k_tokens,
+            capacity_rps: c.capacity_rps,
+            initial_weight: c.initial_weight,
+            quota_remaining: h.and_then(|h| h.quota_remaining),
+            quota_exhausted_in_ms: h.and_then(|h| h.quota_exhausted_in_ms),
+            tokens_per_request: h.and_then(|h| h.tokens_per_request),
+            failure_rate: h.and_then(|h| h.failure_rate),
+        }
     }
 }
 

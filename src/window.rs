@@ -75,6 +75,47 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Counts one sent, not cancelled attempt (`long`: a long-input one).
+    #[inline]
+    fn count(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        long: bool,
+        slow_request_ms: i32,
+        short_output_tokens: i32,
+    ) {
+        self.requests += 1;
+        let failed = ev.error_class.is_error();
+        match ev.error_class {
+            ErrorClass::ClientError => self.client_errors += 1,
+            e if e.is_error() => self.errors += 1,
+            _ => {}
+        }
+        self.hard_failures += ev.error_class.is_hard_failure() as u32;
+        self.rate_limited += (ev.error_class == ErrorClass::RateLimited) as u32;
+        self.retries += (ev.attempt > 0) as u32;
+        self.slow += (ev.latency_ms > slow_request_ms) as u32;
+        if long {
+            self.long_requests += 1;
+            if failed && ev.error_class != ErrorClass::ClientError {
+                self.long_errors += 1;
+            }
+        }
+        self.tokens += ev.input_tokens as u64 + ev.output_tokens as u64;
+        self.cost += ev.cost;
+        if !failed {
+            self.successes += 1;
+            self.truncated += ev.truncated as u32;
+            if let Some(valid) = ev.schema_valid {
+                self.structured += 1;
+                self.schema_invalid += (!valid) as u32;
+            }
+            self.garbled += (ev.replacement_chars > 0) as u32;
+            self.short_outputs += (ev.output_tokens < short_output_tokens) as u32;
+            self.bad_answers += is_bad_answer(ev, short_output_tokens) as u32;
+        }
+    }
+
     fn add(&mut self, o: &Counters) {
         self.requests += o.requests;
         self.errors += o.errors;
@@ -329,69 +370,42 @@ impl SliceRing {
         } else {
             &mut s.real
         };
-        c.requests += 1;
+        c.count(ev, long, slow_request_ms, short_output_tokens);
         let failed = ev.error_class.is_error();
-        match ev.error_class {
-            ErrorClass::ClientError => c.client_errors += 1,
-            e if e.is_error() => c.errors += 1,
-            _ => {}
-        }
-        if ev.error_class.is_hard_failure() {
-            c.hard_failures += 1;
-        }
-        if ev.error_class == ErrorClass::RateLimited {
-            c.rate_limited += 1;
-        }
-        if ev.attempt > 0 {
-            c.retries += 1;
-        }
-        if ev.latency_ms > slow_request_ms {
-            c.slow += 1;
-        }
-        if long {
-            c.long_requests += 1;
-            if failed && ev.error_class != ErrorClass::ClientError {
-                c.long_errors += 1;
-            }
-        }
         let tokens = ev.input_tokens as u64 + ev.output_tokens as u64;
-        c.tokens += tokens;
-        c.cost += ev.cost;
-        if !failed {
-            c.successes += 1;
-            c.truncated += ev.truncated as u32;
-            if let Some(valid) = ev.schema_valid {
-                c.structured += 1;
-                c.schema_invalid += (!valid) as u32;
-            }
-            c.garbled += (ev.replacement_chars > 0) as u32;
-            c.short_outputs += (ev.output_tokens < short_output_tokens) as u32;
-            c.bad_answers += is_bad_answer(ev, short_output_tokens) as u32;
-        }
         if let Some(q) = ev.quota_remaining {
             if s.quota.is_none_or(|(t, _)| ev.event_time_ms >= t) {
                 s.quota = Some((ev.event_time_ms, q));
             }
         }
-        let latency = ev.latency_ms as f64;
-        if ev.is_probe {
-            self.staged[STAGE_PROBE].push(latency);
-        } else {
+        if !ev.is_probe {
             let class = ev.traffic_class.index();
             s.class_requests[class] += 1;
             s.class_tokens[class] += tokens;
-            self.staged[if long { STAGE_LONG } else { STAGE_SHORT }].push(latency);
-            if let Some(ttfb) = ev.ttfb_ms {
-                self.staged[STAGE_TTFB].push(ttfb as f64);
-            }
-            if !failed {
-                self.staged[STAGE_OUTPUT].push(ev.output_tokens as f64);
-            }
         }
+        self.stage(ev, long, failed);
         if self.staged.iter().any(|v| v.len() >= STAGE_CAPACITY) {
             self.drain_stage();
         }
         true
+    }
+
+    /// Stages the event's latency (and TTFB and output size) for its
+    /// slice's digests.
+    #[inline]
+    fn stage(&mut self, ev: &RequestEvent<'_>, long: bool, failed: bool) {
+        let latency = ev.latency_ms as f64;
+        if ev.is_probe {
+            self.staged[STAGE_PROBE].push(latency);
+            return;
+        }
+        self.staged[if long { STAGE_LONG } else { STAGE_SHORT }].push(latency);
+        if let Some(ttfb) = ev.ttfb_ms {
+            self.staged[STAGE_TTFB].push(ttfb as f64);
+        }
+        if !failed {
+            self.staged[STAGE_OUTPUT].push(ev.output_tokens as f64);
+        }
     }
 
     /// Merges the staged values into their slice's digests.

@@ -151,19 +151,7 @@ impl Service {
         config_path: Option<PathBuf>,
     ) -> anyhow::Result<Service> {
         let instance = instance_id();
-        tracing::info!(
-            instance,
-            brokers = %cfg.kafka.brokers,
-            requests = %cfg.kafka.request_topic,
-            health = %cfg.kafka.health_topic,
-            alerts = %cfg.kafka.alert_topic,
-            dead_letters = %cfg.kafka.dead_letter_topic,
-            kafka_properties = %kafka::loggable_properties(&cfg.kafka),
-            redis = %redact_url(&cfg.redis.url),
-            groups = cfg.groups.len(),
-            channels = cfg.channels().count(),
-            "hermes starting"
-        );
+        log_start(&instance, &cfg);
         let metrics = Arc::new(metrics::Metrics::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
@@ -201,14 +189,6 @@ impl Service {
             stop: stop.clone(),
             commands: inboxes.requests,
         })?;
-        let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
-        let tx = done_tx.clone();
-        let request_thread = std::thread::Builder::new()
-            .name("hermes-requests".into())
-            .spawn(move || {
-                let r = request_loop.run();
-                let _ = tx.send(("request loop", r));
-            })?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
             ownership,
@@ -218,10 +198,8 @@ impl Service {
             commands: inboxes.groups,
             producer,
         };
-        tasks.push(tokio::spawn(async move {
-            let r = groups::run(group_loop).await;
-            let _ = done_tx.send(("group writer", r));
-        }));
+        let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
+        let request_thread = spawn_loops(request_loop, group_loop, done_tx, &mut tasks)?;
         Ok(Service {
             metrics,
             commands,
@@ -256,6 +234,46 @@ impl Service {
         }
         Ok(())
     }
+}
+
+fn log_start(instance: &str, cfg: &Config) {
+    tracing::info!(
+        instance,
+        brokers = %cfg.kafka.brokers,
+        requests = %cfg.kafka.request_topic,
+        health = %cfg.kafka.health_topic,
+        alerts = %cfg.kafka.alert_topic,
+        dead_letters = %cfg.kafka.dead_letter_topic,
+        kafka_properties = %kafka::loggable_properties(&cfg.kafka),
+        redis = %redact_url(&cfg.redis.url),
+        groups = cfg.groups.len(),
+        channels = cfg.channels().count(),
+        "hermes starting"
+    );
+}
+
+type Done = tokio::sync::mpsc::UnboundedSender<(&'static str, anyhow::Result<()>)>;
+
+/// The request loop on its own OS thread, the group writer on the runtime;
+/// each says on `done` when it stops, and why.
+fn spawn_loops(
+    request_loop: requests::RequestLoop,
+    group_loop: groups::GroupLoopParts,
+    done: Done,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let tx = done.clone();
+    let request_thread = std::thread::Builder::new()
+        .name("hermes-requests".into())
+        .spawn(move || {
+            let r = request_loop.run();
+            let _ = tx.send(("request loop", r));
+        })?;
+    tasks.push(tokio::spawn(async move {
+        let r = groups::run(group_loop).await;
+        let _ = done.send(("group writer", r));
+    }));
+    Ok(request_thread)
 }
 
 /// Runs the service until SIGINT/SIGTERM or a loop fails.
