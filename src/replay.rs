@@ -106,31 +106,7 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
         // Let the last evaluation tick run.
         composition.advance_to(last + cfg.engine.evaluation_interval_ms);
     }
-    for c in cfg.channels() {
-        let decisions: Vec<Decision> = composition
-            .alerts
-            .iter()
-            .filter(|a| {
-                a.kind == AlertKind::Transition && a.channel_id.as_deref() == Some(c.id.as_str())
-            })
-            .map(|a| Decision {
-                event_time_ms: a.event_time_ms,
-                from: a.from_state.clone().unwrap_or_default(),
-                to: a.to_state.clone().unwrap_or_default(),
-                reason: a.reason.clone(),
-                severity: a.severity.as_str().to_string(),
-            })
-            .collect();
-        let idx = composition.engine.channel_index(&c.id);
-        report.channels.push(ChannelDecisions {
-            id: c.id.clone(),
-            final_state: idx.map_or("UNKNOWN".into(), |i| {
-                composition.engine.machine(i).kind().as_str().to_string()
-            }),
-            drains: decisions.iter().filter(|d| d.to == "DRAINED").count() as u32,
-            decisions,
-        });
-    }
+    report.channels = decisions(&composition, &cfg);
     for a in &composition.alerts {
         *report
             .alerts
@@ -138,6 +114,38 @@ pub fn replay(file: &[u8], cfg: Arc<Config>) -> Result<ReplayReport, String> {
             .or_insert(0) += 1;
     }
     Ok(report)
+}
+
+/// Every channel's transitions in the replay, and its final state.
+fn decisions(composition: &Composition, cfg: &Config) -> Vec<ChannelDecisions> {
+    cfg.channels()
+        .map(|c| {
+            let decisions: Vec<Decision> = composition
+                .alerts
+                .iter()
+                .filter(|a| {
+                    a.kind == AlertKind::Transition
+                        && a.channel_id.as_deref() == Some(c.id.as_str())
+                })
+                .map(|a| Decision {
+                    event_time_ms: a.event_time_ms,
+                    from: a.from_state.clone().unwrap_or_default(),
+                    to: a.to_state.clone().unwrap_or_default(),
+                    reason: a.reason.clone(),
+                    severity: a.severity.as_str().to_string(),
+                })
+                .collect();
+            let idx = composition.engine.channel_index(&c.id);
+            ChannelDecisions {
+                id: c.id.clone(),
+                final_state: idx.map_or("UNKNOWN".into(), |i| {
+                    composition.engine.machine(i).kind().as_str().to_string()
+                }),
+                drains: decisions.iter().filter(|d| d.to == "DRAINED").count() as u32,
+                decisions,
+            }
+        })
+        .collect()
 }
 
 /// The human-readable replay summary.

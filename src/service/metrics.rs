@@ -201,7 +201,17 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render_prometheus(&self) -> String {
         let mut s = String::new();
-        let counters: [(&str, &str, &AtomicU64); 17] = [
+        self.render_counters(&mut s);
+        self.render_instance(&mut s);
+        self.render_channels(&mut s);
+        self.render_groups(&mut s);
+        s
+    }
+
+    /// The process-wide counters.
+    /// Every plain counter: name, help, value.
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 17] {
+        [
             ("hermes_outputs_delivered_total", "Output records (alerts, dead letters, health reports) acknowledged.", &self.outputs_delivered),
             ("hermes_outputs_undelivered_total", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &self.outputs_undelivered),
             ("hermes_health_reports_undelivered_total", "Health reports not delivered (best effort: the next one replaces them).", &self.health_reports_undelivered),
@@ -275,18 +285,25 @@ impl Metrics {
                 "Config reloads refused (invalid file).",
                 &self.config_reload_rejected,
             ),
-        ];
-        for (name, help, c) in counters {
+        ]
+    }
+
+    fn render_counters(&self, s: &mut String) {
+        for (name, help, c) in self.counters() {
             let _ = writeln!(
                 s,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
                 c.load(Ordering::Relaxed)
             );
         }
+    }
+
+    /// Decision latency, dead letters, partitions held and consumer lag.
+    fn render_instance(&self, s: &mut String) {
         self.decision_publish.render(
             "hermes_decision_publish_seconds",
             "From handling the record that changed a channel's state to Redis acknowledging the snapshot that carries it.",
-            &mut s,
+            s,
         );
         let _ = writeln!(s, "# HELP hermes_dead_letters_total Records sent to the dead-letter topic, by reason kind.\n# TYPE hermes_dead_letters_total counter");
         for (k, n) in lock(&self.dead_letters).iter() {
@@ -300,6 +317,11 @@ impl Metrics {
         for (p, lag) in lock(&self.lag).iter() {
             let _ = writeln!(s, "hermes_consumer_lag{{partition=\"{p}\"}} {lag}");
         }
+    }
+
+    /// Per channel this instance evaluates: score, weight factor, latency,
+    /// error rate and state.
+    fn render_channels(&self, s: &mut String) {
         let channels = lock(&self.channels).clone();
         let gauge =
             |s: &mut String, name: &str, help: &str, f: &dyn Fn(&ChannelGauges) -> Option<f64>| {
@@ -316,31 +338,31 @@ impl Metrics {
                 }
             };
         gauge(
-            &mut s,
+            s,
             "hermes_channel_score",
             "Health score (0 healthy .. 1 failing).",
             &|g| g.score,
         );
         gauge(
-            &mut s,
+            s,
             "hermes_channel_health_weight",
             "State-machine weight factor.",
             &|g| Some(g.health_weight),
         );
         gauge(
-            &mut s,
+            s,
             "hermes_channel_p50_ms",
             "Latency P50 over the short window.",
             &|g| g.p50_ms,
         );
         gauge(
-            &mut s,
+            s,
             "hermes_channel_p99_ms",
             "Latency P99 over the short window.",
             &|g| g.p99_ms,
         );
         gauge(
-            &mut s,
+            s,
             "hermes_channel_error_rate",
             "Hard-failure rate over the short window.",
             &|g| g.error_rate,
@@ -355,6 +377,11 @@ impl Metrics {
                 g.state
             );
         }
+    }
+
+    /// Per group this instance writes: published weights, shed shares,
+    /// snapshot versions; and weight changes.
+    fn render_groups(&self, s: &mut String) {
         let groups = lock(&self.groups).clone();
         let _ = writeln!(s, "# HELP hermes_channel_weight Published routing weight per class.\n# TYPE hermes_channel_weight gauge");
         for (group, g) in &groups {
@@ -395,7 +422,6 @@ impl Metrics {
                 g.version
             );
         }
-        s
     }
 
     /// The status view: one line per channel this instance evaluates, then

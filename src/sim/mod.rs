@@ -351,25 +351,48 @@ pub(crate) fn answer(
     };
     let mut out = Completed::ok(req, input_tokens);
     let overload = (load_rps / c.capacity_rps).max(1.0);
-    let fail = |out: &mut Completed, e: ErrorClass, status: i32, latency: f64| {
+    let error = if fault.is_some_and(|f| f.refuse_all) {
+        Some((ErrorClass::ConnectError, 0, rng.range(20.0, 60.0)))
+    } else {
+        draw_error(&b, load_rps, overload, rng)
+    };
+    if let Some((e, status, latency)) = error {
         out.error = e;
         out.http_status = status;
         out.latency_ms = latency.max(1.0) as i32;
-    };
-    if fault.is_some_and(|f| f.refuse_all) {
-        fail(&mut out, ErrorClass::ConnectError, 0, rng.range(20.0, 60.0));
-        out.harmed = true;
+        out.harmed = fault.is_some() || overload > 1.0;
         out.failed = true;
         return out;
     }
-    // The upstream's own rate limiter sheds the excess over its limit.
+    let latency = draw_body(&mut out, c, &b, req, input_tokens, overload, rng);
+    judge(
+        &mut out,
+        base,
+        req,
+        latency,
+        overload,
+        fault.is_some(),
+        pulsing,
+    );
+    out
+}
+
+/// Whether the attempt fails, and how (class, HTTP status, latency): the
+/// upstream's own rate limiter sheds the excess over its limit, overload
+/// (queueing) fails a share with 503, then the profile's error rates. One
+/// uniform draw picks among them.
+fn draw_error(
+    b: &Behavior,
+    load_rps: f64,
+    overload: f64,
+    rng: &mut Rng,
+) -> Option<(ErrorClass, i32, f64)> {
     let p429 = b.rate_limited_rate
         + if load_rps > b.rate_limit_rps {
             1.0 - b.rate_limit_rps / load_rps
         } else {
             0.0
         };
-    // Overload: queueing inflates latency, the excess starts failing (503).
     let p_overload = ((overload - 1.0) * 0.8).min(0.6);
     let u = rng.f64();
     let mut acc = 0.0;
@@ -379,34 +402,35 @@ pub(crate) fn answer(
     };
     let typical = b.latency_p50_ms;
     if pick(p429) {
-        fail(
-            &mut out,
-            ErrorClass::RateLimited,
-            429,
-            rng.range(30.0, 120.0),
-        );
+        Some((ErrorClass::RateLimited, 429, rng.range(30.0, 120.0)))
     } else if pick(b.server_error_rate + p_overload) {
-        fail(
-            &mut out,
-            ErrorClass::ServerError,
-            503,
-            typical * rng.range(0.1, 0.5),
-        );
+        Some((ErrorClass::ServerError, 503, typical * rng.range(0.1, 0.5)))
     } else if pick(b.read_timeout_rate) {
-        fail(&mut out, ErrorClass::ReadTimeout, 0, 10_000.0);
+        Some((ErrorClass::ReadTimeout, 0, 10_000.0))
     } else if pick(b.connection_reset_rate) {
-        fail(
-            &mut out,
+        Some((
             ErrorClass::ConnectionReset,
             0,
             typical * rng.range(0.1, 1.0),
-        );
+        ))
+    } else {
+        None
     }
-    if out.error != ErrorClass::None {
-        out.harmed = fault.is_some() || overload > 1.0;
-        out.failed = true;
-        return out;
-    }
+}
+
+/// A successful attempt's latency and answer: lognormal latency through the
+/// profile's P50/P99 (inflated by overload), output tokens, and the
+/// profile's truncation, empty, garbled and schema-invalid rates. Returns
+/// the latency drawn (ms, unclamped).
+fn draw_body(
+    out: &mut Completed,
+    c: &SimChannel,
+    b: &Behavior,
+    req: &Request,
+    input_tokens: i32,
+    overload: f64,
+    rng: &mut Rng,
+) -> f64 {
     let sigma =
         ((b.latency_p99_ms.max(b.latency_p50_ms * 1.01) / b.latency_p50_ms).ln() / 2.326).max(0.01);
     let mut latency = (b.latency_p50_ms.ln() + sigma * rng.normal()).exp();
@@ -442,18 +466,32 @@ pub(crate) fn answer(
         out.schema_valid = Some(!rng.chance(b.schema_invalid_rate));
     }
     out.cost = c.price_per_1k_tokens * (input_tokens + out.output_tokens) as f64 / 1000.0;
+    latency
+}
+
+/// The verdicts on a successful attempt: `harmed` (by an active fault or by
+/// overload: the diagnostic) and `failed` (what the user saw, judged
+/// against the channel's normal profile `base`).
+fn judge(
+    out: &mut Completed,
+    base: &Behavior,
+    req: &Request,
+    latency: f64,
+    overload: f64,
+    faulty: bool,
+    pulsing: bool,
+) {
     let normal_p99 =
         base.latency_p99_ms * if req.long { 1.6 } else { 1.0 } * if req.probe { 0.5 } else { 1.0 };
     let quality_bad = out.truncated || out.replacement_chars > 0 || out.schema_valid == Some(false);
     let short = |share: f64| (out.output_tokens as f64) < base.output_tokens_median * share;
     let too_slow = pulsing || latency > normal_p99 * 1.2;
     out.harmed = overload > 1.0 && latency > normal_p99
-        || fault.is_some() && (quality_bad || too_slow || short(0.5) && !req.probe);
+        || faulty && (quality_bad || too_slow || short(0.5) && !req.probe);
     // The user's verdict: a short answer is one under 30 % of the channel's
     // normal median (a healthy answer is that short about once in 3 000; at
     // half the median it would be once in 40, which is noise, not harm).
     out.failed = quality_bad || too_slow || short(0.3) && !req.probe;
-    out
 }
 
 /// The upstream's answer once its quota is used up: 429, at once.

@@ -133,89 +133,12 @@ pub fn build(
     static_run: &RunResult,
     baseline: &RunResult,
 ) -> Report {
-    let mut channels = Vec::new();
-    for (j, c) in sc.channels.iter().enumerate() {
-        let faulty = !c.faults.is_empty();
-        let fault_start = c.faults.iter().map(|f| f.start_s).reduce(f64::min);
-        let fault_end = c.faults.iter().map(|f| f.end_s).reduce(f64::max);
-        let mv = moves(&hermes.alerts, &c.id, sc.start_ms);
-        let first = |pred: &dyn Fn(&Move) -> bool, after: f64| {
-            mv.iter().find(|m| m.t_s >= after && pred(m)).map(|m| m.t_s)
-        };
-        let detect_s = fault_start
-            .and_then(|fs| first(&|m| m.to != "HEALTHY" && m.from != m.to, fs).map(|t| t - fs));
-        let drain_s = fault_start.and_then(|fs| first(&|m| m.to == "DRAINED", fs).map(|t| t - fs));
-        let recover_s = fault_end.and_then(|fe| {
-            let state_at_end = mv
-                .iter()
-                .rfind(|m| m.t_s < fe)
-                .map_or("HEALTHY", |m| m.to.as_str());
-            if state_at_end == "HEALTHY" {
-                Some(0.0)
-            } else {
-                first(&|m| m.to == "HEALTHY", fe).map(|t| t - fe)
-            }
-        });
-        let mut flaps = 0;
-        let mut probation_failures = 0;
-        let mut downs = 0;
-        let mut went_up = false;
-        for m in &mv {
-            if m.down {
-                if downs > 0 && went_up {
-                    flaps += 1;
-                    probation_failures += m.probation_failure as u32;
-                }
-                downs += 1;
-                went_up = false;
-            } else if m.up {
-                went_up = true;
-            }
-        }
-        let drains = mv
-            .iter()
-            .filter(|m| m.to == "DRAINED" && m.from != "DRAINED" && m.from != "OBSERVING")
-            .count() as u32;
-        let mut longest_at_risk: f64 = 0.0;
-        let mut entered: Option<f64> = None;
-        for m in &mv {
-            if m.to == "AT_RISK" && m.from != "AT_RISK" {
-                entered = Some(m.t_s);
-            } else if m.from == "AT_RISK" && m.to != "AT_RISK" {
-                if let Some(e) = entered.take() {
-                    longest_at_risk = longest_at_risk.max(m.t_s - e);
-                }
-            }
-        }
-        if let Some(e) = entered {
-            longest_at_risk = longest_at_risk.max(sc.duration_s - e);
-        }
-        let run = &hermes.channels[j];
-        let nth_failure_to_drain_s = run.nth_failure_s.and_then(|nth| {
-            mv.iter()
-                .find(|m| m.to == "DRAINED" && m.t_s >= nth - 1e-6)
-                .map(|m| m.t_s - nth)
-        });
-        channels.push(ChannelReport {
-            id: c.id.clone(),
-            faulty,
-            fault_start_s: fault_start,
-            fault_end_s: fault_end,
-            detect_s,
-            drain_s,
-            recover_s,
-            flaps,
-            probation_failures,
-            retrips: flaps - probation_failures,
-            false_drain: !faulty && drains > 0,
-            drains,
-            overload_s: run.overload_s,
-            nth_failure_to_drain_s,
-            longest_at_risk_s: longest_at_risk,
-            served: run.served,
-            harmed: run.bad,
-        });
-    }
+    let channels = sc
+        .channels
+        .iter()
+        .enumerate()
+        .map(|(j, c)| channel_report(sc, c, &hermes.channels[j], &hermes.alerts))
+        .collect();
     let mut alerts = BTreeMap::new();
     for a in &hermes.alerts {
         *alerts.entry(a.kind.as_str().to_string()).or_insert(0) += 1;
@@ -248,6 +171,106 @@ pub fn build(
     }
 }
 
+/// One channel's verdicts, from its moves in the Hermes run.
+fn channel_report(
+    sc: &Scenario,
+    c: &super::scenario::SimChannel,
+    run: &super::ChannelRun,
+    alerts: &[AlertEvent],
+) -> ChannelReport {
+    let faulty = !c.faults.is_empty();
+    let fault_start = c.faults.iter().map(|f| f.start_s).reduce(f64::min);
+    let fault_end = c.faults.iter().map(|f| f.end_s).reduce(f64::max);
+    let mv = moves(alerts, &c.id, sc.start_ms);
+    let first = |pred: &dyn Fn(&Move) -> bool, after: f64| {
+        mv.iter().find(|m| m.t_s >= after && pred(m)).map(|m| m.t_s)
+    };
+    let detect_s = fault_start
+        .and_then(|fs| first(&|m| m.to != "HEALTHY" && m.from != m.to, fs).map(|t| t - fs));
+    let drain_s = fault_start.and_then(|fs| first(&|m| m.to == "DRAINED", fs).map(|t| t - fs));
+    let recover_s = fault_end.and_then(|fe| {
+        let state_at_end = mv
+            .iter()
+            .rfind(|m| m.t_s < fe)
+            .map_or("HEALTHY", |m| m.to.as_str());
+        if state_at_end == "HEALTHY" {
+            Some(0.0)
+        } else {
+            first(&|m| m.to == "HEALTHY", fe).map(|t| t - fe)
+        }
+    });
+    let (flaps, probation_failures) = reversals(&mv);
+    let drains = mv
+        .iter()
+        .filter(|m| m.to == "DRAINED" && m.from != "DRAINED" && m.from != "OBSERVING")
+        .count() as u32;
+    let nth_failure_to_drain_s = run.nth_failure_s.and_then(|nth| {
+        mv.iter()
+            .find(|m| m.to == "DRAINED" && m.t_s >= nth - 1e-6)
+            .map(|m| m.t_s - nth)
+    });
+    ChannelReport {
+        id: c.id.clone(),
+        faulty,
+        fault_start_s: fault_start,
+        fault_end_s: fault_end,
+        detect_s,
+        drain_s,
+        recover_s,
+        flaps,
+        probation_failures,
+        retrips: flaps - probation_failures,
+        false_drain: !faulty && drains > 0,
+        drains,
+        overload_s: run.overload_s,
+        nth_failure_to_drain_s,
+        longest_at_risk_s: longest_at_risk(&mv, sc.duration_s),
+        served: run.served,
+        harmed: run.bad,
+    }
+}
+
+/// `flaps` (every move down after a move up that followed an earlier move
+/// down) and the failed probations among them.
+fn reversals(mv: &[Move]) -> (u32, u32) {
+    let mut flaps = 0;
+    let mut probation_failures = 0;
+    let mut downs = 0;
+    let mut went_up = false;
+    for m in mv {
+        if m.down {
+            if downs > 0 && went_up {
+                flaps += 1;
+                probation_failures += m.probation_failure as u32;
+            }
+            downs += 1;
+            went_up = false;
+        } else if m.up {
+            went_up = true;
+        }
+    }
+    (flaps, probation_failures)
+}
+
+/// The longest stretch in AT_RISK (one still open counts to the run's end).
+fn longest_at_risk(mv: &[Move], duration_s: f64) -> f64 {
+    let mut longest: f64 = 0.0;
+    let mut entered: Option<f64> = None;
+    for m in mv {
+        if m.to == "AT_RISK" && m.from != "AT_RISK" {
+            entered = Some(m.t_s);
+        } else if m.from == "AT_RISK" && m.to != "AT_RISK" {
+            if let Some(e) = entered.take() {
+                longest = longest.max(m.t_s - e);
+            }
+        }
+    }
+    if let Some(e) = entered {
+        longest = longest.max(duration_s - e);
+    }
+    longest
+}
+
 /// The largest spend over any window of an hour (or of the whole run, if
 /// shorter), per hour. Windows end on minute boundaries.
 pub fn peak_hour_spend(by_minute: &[f64], duration_s: f64) -> f64 {
@@ -277,7 +300,14 @@ pub fn table(r: &Report) -> String {
         "scenario {} ({} s simulated, seed {})\n\n",
         r.scenario, r.duration_s, r.seed
     );
-    s.push_str(&format!(
+    s.push_str(&channel_table(&r.channels));
+    s.push_str(&totals(r));
+    s
+}
+
+/// One row per channel.
+fn channel_table(channels: &[ChannelReport]) -> String {
+    let mut s = format!(
         "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
         "channel",
         "faulty",
@@ -292,8 +322,8 @@ pub fn table(r: &Report) -> String {
         "false_drain",
         "served",
         "harmed"
-    ));
-    for c in &r.channels {
+    );
+    for c in channels {
         let window = match (c.fault_start_s, c.fault_end_s) {
             (Some(a), Some(b)) => format!("{a:.0}-{b:.0}"),
             _ => "-".into(),
@@ -315,6 +345,11 @@ pub fn table(r: &Report) -> String {
             c.harmed
         ));
     }
+    s
+}
+
+/// What users saw against static weights, spend, overload and alerts.
+fn totals(r: &Report) -> String {
     let pct = |a: u64, b: u64| {
         if b > 0 {
             format!("{:.1} %", 100.0 * a as f64 / b as f64)
@@ -322,12 +357,12 @@ pub fn table(r: &Report) -> String {
             "n/a".into()
         }
     };
-    s.push_str(&format!(
+    let mut s = format!(
         "\nfailed requests (after retries, shed counted): {} with Hermes vs {} with static weights ({} of static)\n",
         r.failed_requests,
         r.failed_requests_static,
         pct(r.failed_requests, r.failed_requests_static)
-    ));
+    );
     s.push_str(&format!(
         "  of {} requests: shed {}, retries {} (static {}), harmed attempts {} (static {})\n",
         r.requests,
@@ -370,12 +405,30 @@ fn state_color(s: crate::state::StateKind) -> &'static str {
 /// A self-contained HTML page: per channel, health weight, traffic share and
 /// score over time, the state as a colored band, the fault window shaded.
 pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String {
-    let w = 1000.0;
-    let h = 140.0;
-    let band = 14.0;
-    let dur = sc.duration_s.max(1.0);
-    let x = |t: f64| 40.0 + (t / dur) * (w - 60.0);
-    let y = |v: f64| 10.0 + (1.0 - v.clamp(0.0, 1.0)) * (h - 20.0);
+    let chart = Chart {
+        w: 1000.0,
+        h: 140.0,
+        band: 14.0,
+        dur: sc.duration_s.max(1.0),
+    };
+    let mut out = timeline_head(sc);
+    for (j, c) in sc.channels.iter().enumerate() {
+        out.push_str(&format!(
+            "<h2>{} ({}, capacity {} rps)</h2>",
+            esc(&c.id),
+            c.tier.as_str(),
+            c.capacity_rps
+        ));
+        out.push_str(&chart.svg(c, &run.channels[j].samples));
+    }
+    out.push_str("<h2>Report</h2><pre>");
+    out.push_str(&esc(&table(report)));
+    out.push_str("</pre></body></html>\n");
+    out
+}
+
+/// The page head, title and legend.
+fn timeline_head(sc: &Scenario) -> String {
     let mut out = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Hermes drill</title><style>\
          body{font-family:sans-serif;margin:20px;color:#222} h2{margin:18px 0 4px;font-size:16px}\
@@ -402,41 +455,57 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
         ));
     }
     out.push_str("</div>");
-    for (j, c) in sc.channels.iter().enumerate() {
-        let samples = &run.channels[j].samples;
+    out
+}
+
+/// One channel's chart: the plot area (`w` × `h`) over `dur` seconds, with
+/// a state band `band` high under it.
+struct Chart {
+    w: f64,
+    h: f64,
+    band: f64,
+    dur: f64,
+}
+
+impl Chart {
+    fn x(&self, t: f64) -> f64 {
+        40.0 + (t / self.dur) * (self.w - 60.0)
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        10.0 + (1.0 - v.clamp(0.0, 1.0)) * (self.h - 20.0)
+    }
+
+    /// Fault windows, the state band, weight, share and score, time ticks.
+    fn svg(&self, c: &super::scenario::SimChannel, samples: &[super::Sample]) -> String {
+        let (w, h, band, dur) = (self.w, self.h, self.band, self.dur);
         let stride = (samples.len() / 1500).max(1);
-        out.push_str(&format!(
-            "<h2>{} ({}, capacity {} rps)</h2>",
-            esc(&c.id),
-            c.tier.as_str(),
-            c.capacity_rps
-        ));
-        out.push_str(&format!(
+        let mut out = format!(
             "<svg width=\"{w}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\">",
             h + band + 20.0
-        ));
+        );
         for f in &c.faults {
             out.push_str(&format!(
                 "<rect x=\"{:.1}\" y=\"0\" width=\"{:.1}\" height=\"{}\" fill=\"#fde2e2\"/>",
-                x(f.start_s),
-                (x(f.end_s.min(dur)) - x(f.start_s)).max(1.0),
+                self.x(f.start_s),
+                (self.x(f.end_s.min(dur)) - self.x(f.start_s)).max(1.0),
                 h + band
             ));
         }
         out.push_str(&format!(
             "<line x1=\"40\" y1=\"{0}\" x2=\"{1}\" y2=\"{0}\" stroke=\"#bbb\"/>",
-            y(0.0),
+            self.y(0.0),
             w - 20.0
         ));
-        out.push_str(&format!("<text x=\"5\" y=\"{:.0}\" font-size=\"10\">1.0</text><text x=\"5\" y=\"{:.0}\" font-size=\"10\">0</text>", y(1.0) + 4.0, y(0.0)));
+        out.push_str(&format!("<text x=\"5\" y=\"{:.0}\" font-size=\"10\">1.0</text><text x=\"5\" y=\"{:.0}\" font-size=\"10\">0</text>", self.y(1.0) + 4.0, self.y(0.0)));
         for i in (0..samples.len()).step_by(stride) {
             let s = samples[i];
             let next_t = samples.get(i + stride).map_or(s.t_s + 5.0, |n| n.t_s);
             out.push_str(&format!(
                 "<rect x=\"{:.1}\" y=\"{}\" width=\"{:.2}\" height=\"{band}\" fill=\"{}\" shape-rendering=\"crispEdges\"/>",
-                x(s.t_s),
+                self.x(s.t_s),
                 h,
-                (x(next_t) - x(s.t_s)).max(0.5),
+                (self.x(next_t) - self.x(s.t_s)).max(0.5),
                 state_color(s.state)
             ));
         }
@@ -444,7 +513,7 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
             let pts: Vec<String> = samples
                 .iter()
                 .step_by(stride)
-                .filter_map(|s| f(s).map(|v| format!("{:.1},{:.1}", x(s.t_s), y(v))))
+                .filter_map(|s| f(s).map(|v| format!("{:.1},{:.1}", self.x(s.t_s), self.y(v))))
                 .collect();
             format!(
                 "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.3\" points=\"{}\"/>",
@@ -459,17 +528,14 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
             let t = dur * k as f64 / ticks as f64;
             out.push_str(&format!(
                 "<text x=\"{:.1}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\">{:.0} s</text>",
-                x(t),
+                self.x(t),
                 h + band + 14.0,
                 t
             ));
         }
         out.push_str("</svg>");
+        out
     }
-    out.push_str("<h2>Report</h2><pre>");
-    out.push_str(&esc(&table(report)));
-    out.push_str("</pre></body></html>\n");
-    out
 }
 
 fn esc(s: &str) -> String {

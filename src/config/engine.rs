@@ -1,0 +1,201 @@
+//! Engine-wide settings (`[engine]`): how windows are sliced and when
+//! channels are evaluated. Window shapes are fixed for an engine's life: a
+//! reload that changes them is refused until restart.
+
+use super::*;
+
+/// How windows are sliced and when channels are evaluated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Width of one ring slice. SPEC §4: 5–10 s slices.
+    pub slice_ms: i64,
+    /// The short view (SPEC §4: 1 min). Must be a multiple of `slice_ms`.
+    pub short_window_ms: i64,
+    /// The long view (SPEC §4: 5 min); signals that lack samples in the short
+    /// view fall back to it. Sets the ring length, hence memory per channel.
+    pub long_window_ms: i64,
+    /// How often every channel is scored and its state machine stepped (event
+    /// time). Defaults to one slice.
+    pub evaluation_interval_ms: i64,
+    /// Events up to this much older than the partition watermark still land in
+    /// their slice; older ones are counted (`too_late`) and dropped.
+    pub allowed_lateness_ms: i64,
+    /// An event stamped further ahead than this of its reference (the wall
+    /// clock in the service; the watermark in replay and the simulator) is
+    /// refused as `future_timestamp` and moves nothing (see `clock`). At most
+    /// `allowed_lateness_ms`, so a gateway ahead by less than this never
+    /// makes another gateway's events too late. Unset: equal to it.
+    pub max_clock_skew_ms: Option<i64>,
+    /// Without a wall clock (replay, the simulator), a jump of the watermark
+    /// past the skew is taken when a second gateway's event, or this many
+    /// events in a row, land beyond it: a real gap in the traffic.
+    pub clock_jump_events: u32,
+    /// Size of the count-based window of last outcomes. SPEC §4 / seed 002:
+    /// "the last 100 requests" catches sparse failures a time window misses.
+    pub outcome_window: u32,
+    /// t-digest compression. 100 keeps P99 error around 2–3 % at a quarter of
+    /// the memory of 200 (<0.5 %); per-channel memory is documented in `window`.
+    pub tdigest_size: u32,
+    /// Requests with at least this many input tokens are "long" (their own
+    /// latency and error buckets: seed 003, failures only on long requests).
+    pub long_input_tokens: u32,
+    /// Outputs with fewer tokens count toward the short-output share.
+    pub short_output_tokens: u32,
+    /// A request slower than this counts toward the slow-request ratio.
+    pub slow_request_ms: u32,
+    /// How many completed short windows the baseline remembers (the median of
+    /// their P99 and output-token median is the baseline). 30 × 1 min.
+    pub baseline_windows: u32,
+    /// The relative signals do not vote until this many baseline points exist.
+    pub baseline_min_windows: u32,
+    /// Tail quantiles (P99) are never decided by fewer than this many
+    /// requests: over n samples the quantile read is min(0.99, 1 − tail/n).
+    /// Three 10 s timeouts in a quiet minute (289 requests) were the P99 and
+    /// drained a healthy channel in the 24 h drill. On probation the plain
+    /// P99 is used: there a few outliers must count against letting it back.
+    pub quantile_min_tail: u32,
+    /// A channel with no events for this long while its partition advances is
+    /// reported silent. Seed 004 wants gaps noticed within a minute.
+    pub silent_after_ms: i64,
+    /// Quota forecasts look this far ahead (also the scheduler's horizon).
+    pub quota_horizon_ms: i64,
+}
+
+impl EngineConfig {
+    /// The allowed clock skew: `max_clock_skew_ms`, or the allowed lateness.
+    pub fn clock_skew_ms(&self) -> i64 {
+        self.max_clock_skew_ms.unwrap_or(self.allowed_lateness_ms)
+    }
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            slice_ms: 5_000,
+            short_window_ms: 60_000,
+            long_window_ms: 300_000,
+            evaluation_interval_ms: 5_000,
+            allowed_lateness_ms: 10_000,
+            max_clock_skew_ms: None,
+            clock_jump_events: 20,
+            outcome_window: 100,
+            tdigest_size: 100,
+            long_input_tokens: 4_000,
+            short_output_tokens: 50,
+            slow_request_ms: 5_000,
+            baseline_windows: 30,
+            baseline_min_windows: 5,
+            quantile_min_tail: 5,
+            silent_after_ms: 60_000,
+            quota_horizon_ms: 3_600_000,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Number of slices in the ring.
+    pub fn ring_slices(&self) -> usize {
+        (self.long_window_ms / self.slice_ms) as usize
+    }
+    /// The slice ring every channel keeps.
+    pub fn ring_shape(&self) -> crate::window::RingShape {
+        crate::window::RingShape {
+            slice_ms: self.slice_ms,
+            slices: self.ring_slices(),
+            tdigest_size: self.tdigest_size,
+            long_input_tokens: self.long_input_tokens,
+            short_output_tokens: self.short_output_tokens,
+            slow_request_ms: self.slow_request_ms,
+        }
+    }
+    /// The views signals are measured over.
+    pub fn horizons(&self) -> crate::signals::Horizons {
+        crate::signals::Horizons {
+            short_window_ms: self.short_window_ms,
+            long_window_ms: self.long_window_ms,
+            quantile_min_tail: self.quantile_min_tail,
+            baseline_min_windows: self.baseline_min_windows,
+        }
+    }
+    /// Number of slices in the short view.
+    pub fn short_slices(&self) -> usize {
+        (self.short_window_ms / self.slice_ms) as usize
+    }
+
+    pub(super) fn validate(&self, v: &mut Issues) {
+        for (k, x) in [
+            ("slice_ms", self.slice_ms),
+            ("short_window_ms", self.short_window_ms),
+            ("long_window_ms", self.long_window_ms),
+            ("evaluation_interval_ms", self.evaluation_interval_ms),
+            ("silent_after_ms", self.silent_after_ms),
+            ("quota_horizon_ms", self.quota_horizon_ms),
+        ] {
+            v.positive_ms(format!("engine.{k}"), x);
+        }
+        if self.allowed_lateness_ms < 0 {
+            v.push("engine.allowed_lateness_ms", "must be >= 0");
+        }
+        if self
+            .max_clock_skew_ms
+            .is_some_and(|k| k < 0 || k > self.allowed_lateness_ms)
+        {
+            v.push(
+                "engine.max_clock_skew_ms",
+                "must be within [0, engine.allowed_lateness_ms] (a gateway ahead by less than \
+                 the skew must not make the others' events too late)",
+            );
+        }
+        if self.clock_jump_events == 0 {
+            v.push("engine.clock_jump_events", "must be at least 1");
+        }
+        if self.slice_ms > 0 {
+            if self.short_window_ms % self.slice_ms != 0 {
+                v.push(
+                    "engine.short_window_ms",
+                    "must be a multiple of engine.slice_ms",
+                );
+            }
+            if self.long_window_ms % self.slice_ms != 0 {
+                v.push(
+                    "engine.long_window_ms",
+                    "must be a multiple of engine.slice_ms",
+                );
+            }
+            if self.long_window_ms / self.slice_ms > 720 {
+                v.push(
+                    "engine.long_window_ms",
+                    "is more than 720 slices: memory per channel grows with the ring",
+                );
+            }
+            if self.allowed_lateness_ms + self.short_window_ms > self.long_window_ms {
+                v.push(
+                    "engine.allowed_lateness_ms",
+                    "plus short_window_ms must fit in long_window_ms (late events need a slice to land in)",
+                );
+            }
+        }
+        if self.short_window_ms > self.long_window_ms {
+            v.push(
+                "engine.short_window_ms",
+                "must not exceed engine.long_window_ms",
+            );
+        }
+        if self.outcome_window == 0 || self.outcome_window > 10_000 {
+            v.push("engine.outcome_window", "must be within 1..=10000");
+        }
+        if !(20..=1000).contains(&self.tdigest_size) {
+            v.push("engine.tdigest_size", "must be within 20..=1000");
+        }
+        if self.baseline_windows == 0 {
+            v.push("engine.baseline_windows", "must be at least 1");
+        }
+        if self.baseline_min_windows > self.baseline_windows {
+            v.push(
+                "engine.baseline_min_windows",
+                "must not exceed engine.baseline_windows",
+            );
+        }
+    }
+}

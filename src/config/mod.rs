@@ -1,0 +1,258 @@
+//! Configuration: one TOML file, validated once, then handed to the engine as
+//! an immutable [`Config`]. The engine never sees an unvalidated value.
+//!
+//! Health policies layer, most specific last:
+//! built-in defaults → `[policy]` → built-in tier defaults → `[tiers.<tier>.policy]`
+//! → `[[groups.channels]] policy`. Layers are partial TOML tables deep-merged
+//! before one typed deserialization, so a channel can override a single bound
+//! (`policy.signals.p99_latency_ms.normal = 900`) and every error names the
+//! offending key with its full path.
+//!
+//! Every default cites where it came from: SPEC.md (the distilled product
+//! spec) or the seed incident (`shared/seeds/00N`) whose team chose it.
+
+mod alerts;
+mod catalogue;
+mod engine;
+mod policy;
+mod runtime;
+mod schedule;
+
+pub use alerts::*;
+pub use catalogue::*;
+pub use engine::*;
+pub use policy::*;
+pub use runtime::*;
+pub use schedule::*;
+
+use crate::event::TrafficClass;
+use crate::signals::SignalPolicies;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A config problem, naming the key at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct ConfigIssue {
+    pub key: String,
+    pub reason: String,
+}
+
+/// All problems found in one config (validation does not stop at the first).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid config:\n{}", .issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError {
+    pub issues: Vec<ConfigIssue>,
+}
+
+impl ConfigError {
+    fn one(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            issues: vec![ConfigIssue {
+                key: key.into(),
+                reason: reason.into(),
+            }],
+        }
+    }
+}
+
+/// Collects issues with a key prefix.
+#[derive(Default)]
+struct Issues(Vec<ConfigIssue>);
+
+impl Issues {
+    fn push(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(ConfigIssue {
+            key: key.into(),
+            reason: reason.into(),
+        });
+    }
+    fn positive_ms(&mut self, key: String, v: i64) {
+        if v <= 0 {
+            self.push(key, format!("must be a positive duration in ms, got {v}"));
+        }
+    }
+    fn fraction(&mut self, key: String, v: f64) {
+        if !(0.0..=1.0).contains(&v) || v.is_nan() {
+            self.push(key, format!("must be within [0, 1], got {v}"));
+        }
+    }
+    fn non_negative(&mut self, key: String, v: f64) {
+        if !(v >= 0.0 && v.is_finite()) {
+            self.push(key, format!("must be a finite number >= 0, got {v}"));
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    engine: EngineConfig,
+    #[serde(default)]
+    alerts: AlertConfig,
+    #[serde(default)]
+    schedule: ScheduleConfig,
+    #[serde(default)]
+    safety: SafetyConfig,
+    #[serde(default)]
+    traffic_classes: ClassPolicies,
+    policy: Option<toml::Table>,
+    #[serde(default)]
+    tiers: BTreeMap<Tier, RawTier>,
+    #[serde(default)]
+    groups: Vec<RawGroup>,
+    #[serde(default)]
+    kafka: KafkaConfig,
+    #[serde(default)]
+    redis: RedisConfig,
+    #[serde(default)]
+    service: ServiceConfig,
+}
+
+/// The validated configuration the engine runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub engine: EngineConfig,
+    pub alerts: AlertConfig,
+    pub schedule: ScheduleConfig,
+    pub safety: SafetyConfig,
+    pub classes: ClassPolicies,
+    pub groups: Vec<GroupConfig>,
+    /// Where `hermes run` connects to (not used by the engine itself).
+    pub kafka: KafkaConfig,
+    pub redis: RedisConfig,
+    pub service: ServiceConfig,
+}
+
+impl Config {
+    /// A reloaded config as it may go live next to the running one: the
+    /// restart-only sections (`[kafka]`, `[redis]`, `[service]`: clients,
+    /// topics, listeners and loops built at start) keep their running
+    /// values, so nothing runs half on the old and half on the new. Returns
+    /// it with the names of the restart-only sections the file changed.
+    pub fn live_reload(&self, mut new: Config) -> (Config, Vec<&'static str>) {
+        let mut held = Vec::new();
+        if new.kafka != self.kafka {
+            held.push("kafka");
+            new.kafka = self.kafka.clone();
+        }
+        if new.redis != self.redis {
+            held.push("redis");
+            new.redis = self.redis.clone();
+        }
+        if new.service != self.service {
+            held.push("service");
+            new.service = self.service.clone();
+        }
+        (new, held)
+    }
+}
+
+/// Every section that is checked on its own (not the policy layers or the
+/// groups).
+fn validate_sections(raw: &RawConfig, v: &mut Issues) {
+    raw.engine.validate(v);
+    validate_alerts(&raw.alerts, v);
+    if raw.alerts.quota_alert_ms <= raw.engine.quota_horizon_ms {
+        v.push(
+            "alerts.quota_alert_ms",
+            format!(
+                "must exceed engine.quota_horizon_ms ({} ms): a channel planned down for \
+                 its quota keeps its forecast near that horizon, so the alert would never fire",
+                raw.engine.quota_horizon_ms
+            ),
+        );
+    }
+    validate_schedule(&raw.schedule, v);
+    validate_safety(&raw.safety, v);
+    raw.kafka.validate(v);
+    raw.service.validate(v);
+    for class in TrafficClass::ALL {
+        let c = raw.traffic_classes.get(*class);
+        let name = class.as_str().to_ascii_lowercase();
+        v.fraction(format!("traffic_classes.{name}.max_score"), c.max_score);
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::one(path.display().to_string(), format!("cannot read: {e}"))
+        })?;
+        Config::from_toml(&text)
+    }
+
+    /// Parses and validates config text.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "config".into());
+            ConfigError::one(key, e.message().to_string())
+        })?;
+        Config::resolve(raw)
+    }
+
+    fn resolve(raw: RawConfig) -> Result<Config, ConfigError> {
+        let mut v = Issues::default();
+        validate_sections(&raw, &mut v);
+        let tiers = TierPolicies::resolve(&raw, &mut v);
+        for (tier, r) in &raw.tiers {
+            if let Some(w) = r.initial_weight {
+                v.fraction(format!("tiers.{}.initial_weight", tier.as_str()), w);
+            }
+        }
+        let mut ids = Ids::default();
+        if raw.groups.is_empty() {
+            v.push("groups", "at least one route group is needed");
+        }
+        let groups = raw
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(gi, g)| resolve_group(gi, g, &raw, &tiers, &mut ids, &mut v))
+            .collect();
+        if !v.0.is_empty() {
+            return Err(ConfigError { issues: v.0 });
+        }
+        Ok(Config {
+            engine: raw.engine,
+            alerts: raw.alerts,
+            schedule: raw.schedule,
+            safety: raw.safety,
+            classes: raw.traffic_classes,
+            groups,
+            kafka: raw.kafka,
+            redis: raw.redis,
+            service: raw.service,
+        })
+    }
+
+    /// Every channel, in config order (groups, then channels).
+    pub fn channels(&self) -> impl Iterator<Item = &ChannelConfig> {
+        self.groups.iter().flat_map(|g| g.channels.iter())
+    }
+
+    /// A config with one group of the given channels and all defaults; for
+    /// tests and examples.
+    pub fn single_group(group: &str, channels: &[(&str, Tier, f64, f64)]) -> Config {
+        let mut text = format!("[[groups]]\nid = \"{group}\"\n");
+        for (id, tier, price, cap) in channels {
+            text.push_str(&format!(
+                "[[groups.channels]]\nid = \"{id}\"\ntier = \"{}\"\nprice_per_1k_tokens = {price:?}\ncapacity_rps = {cap:?}\n",
+                tier.as_str()
+            ));
+        }
+        match Config::from_toml(&text) {
+            Ok(c) => c,
+            Err(e) => panic!("single_group config is invalid: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! Restart-only settings: what `hermes run` connects to and its loops'
+//! timers (`[kafka]`, `[redis]`, `[service]`). Clients, topics, listeners
+//! and loops are built from them at start, so a reload never changes them.
+
+use super::*;
+
+/// Kafka connection and topics. `properties` pass through to librdkafka
+/// verbatim (security.protocol, sasl.*, ssl.*, ...); their values are never
+/// logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, `host:port[,host:port...]`. Empty: `hermes run`
+    /// refuses to start (the embedded demo needs none).
+    pub brokers: String,
+    /// Consumer group of the request topic (channels are sharded by key).
+    pub group_id: String,
+    pub request_topic: String,
+    pub alert_topic: String,
+    pub dead_letter_topic: String,
+    /// Low-volume topic keyed by route group: per-channel health from the
+    /// partition owners to the one writer of each group (every instance
+    /// reads all of it; see `service::groups`).
+    pub health_topic: String,
+    pub session_timeout_ms: i64,
+    /// Schema Registry base URL (`http://host:port`) for Confluent-framed
+    /// records; empty: plain datums only.
+    pub schema_registry_url: String,
+    /// Extra librdkafka properties for every client (security settings).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: String::new(),
+            group_id: "hermes".into(),
+            request_topic: "hermes.requests".into(),
+            alert_topic: "hermes.alerts".into(),
+            dead_letter_topic: "hermes.dead-letters".into(),
+            health_topic: "hermes.health".into(),
+            session_timeout_ms: 10_000,
+            schema_registry_url: String::new(),
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    pub(super) fn validate(&self, v: &mut Issues) {
+        let topics = [
+            ("kafka.request_topic", &self.request_topic),
+            ("kafka.alert_topic", &self.alert_topic),
+            ("kafka.dead_letter_topic", &self.dead_letter_topic),
+            ("kafka.health_topic", &self.health_topic),
+        ];
+        let mut seen = ahash::AHashSet::new();
+        for (k, t) in topics {
+            if t.is_empty() {
+                v.push(k, "must not be empty");
+            } else if !seen.insert(t.as_str()) {
+                v.push(k, format!("topic `{t}` is used for two purposes"));
+            }
+        }
+        if self.group_id.is_empty() {
+            v.push("kafka.group_id", "must not be empty");
+        }
+        v.positive_ms("kafka.session_timeout_ms".into(), self.session_timeout_ms);
+        if !self.schema_registry_url.is_empty() && !self.schema_registry_url.starts_with("http://")
+        {
+            v.push(
+                "kafka.schema_registry_url",
+                "only http:// registries are supported (put TLS in a local proxy)",
+            );
+        }
+        for k in self.properties.keys() {
+            if matches!(
+                k.as_str(),
+                "bootstrap.servers"
+                    | "group.id"
+                    | "enable.auto.commit"
+                    | "enable.auto.offset.store"
+            ) {
+                v.push(
+                    format!("kafka.properties.{k}"),
+                    "is managed by Hermes (use the dedicated key, or leave it out)",
+                );
+            }
+        }
+    }
+}
+
+/// Redis connection. AUTH goes in the URL (`redis://user:pass@host:port`);
+/// the password is redacted in every log line.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    pub url: String,
+}
+
+/// Timers of the service shell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// How often an unchanged snapshot's `heartbeat_ms` is refreshed.
+    pub heartbeat_ms: i64,
+    /// A group is first published once every channel reported, or this long
+    /// after its first report (channels without traffic then count as
+    /// unknown).
+    pub group_warmup_ms: i64,
+    /// Duplicate event ids are ignored within this much event time.
+    pub dedup_horizon_ms: i64,
+    /// Offsets are committed this often (after outputs were delivered).
+    pub commit_interval_ms: i64,
+    /// The config file is checked for changes this often (0: never).
+    pub reload_check_ms: i64,
+    /// Prometheus `/metrics` and the `/status` view; empty: off.
+    pub http_listen: String,
+    /// A partition without events for this long (wall time) advances its
+    /// event time to `wall clock - engine.allowed_lateness_ms`, so ticks,
+    /// cool-downs and the silent-channel alarm still run.
+    pub idle_advance_ms: i64,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig {
+            heartbeat_ms: 10_000,
+            group_warmup_ms: 60_000,
+            dedup_horizon_ms: 60_000,
+            commit_interval_ms: 1_000,
+            reload_check_ms: 5_000,
+            http_listen: "127.0.0.1:9464".into(),
+            idle_advance_ms: 5_000,
+        }
+    }
+}
+
+impl ServiceConfig {
+    pub(super) fn validate(&self, v: &mut Issues) {
+        for (k, x) in [
+            ("heartbeat_ms", self.heartbeat_ms),
+            ("group_warmup_ms", self.group_warmup_ms),
+            ("dedup_horizon_ms", self.dedup_horizon_ms),
+            ("commit_interval_ms", self.commit_interval_ms),
+            ("idle_advance_ms", self.idle_advance_ms),
+        ] {
+            v.positive_ms(format!("service.{k}"), x);
+        }
+        if self.reload_check_ms < 0 {
+            v.push("service.reload_check_ms", "must be >= 0 (0 turns it off)");
+        }
+        if !self.http_listen.is_empty() && self.http_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            v.push(
+                "service.http_listen",
+                format!("`{}` is not an ip:port address", self.http_listen),
+            );
+        }
+    }
+}

@@ -1,0 +1,182 @@
+use super::*;
+
+#[test]
+fn a_reload_keeps_the_restart_only_sections_running() {
+    let running = Config::from_toml(MINIMAL).unwrap();
+    let mut edited = running.clone();
+    edited.kafka.alert_topic = "elsewhere".into();
+    edited.service.heartbeat_ms += 1;
+    edited.schedule.capacity_headroom = 0.7;
+    let (live, held) = running.live_reload(edited);
+    assert_eq!(held, ["kafka", "service"]);
+    assert_eq!(live.kafka, running.kafka);
+    assert_eq!(live.service, running.service);
+    assert_eq!(live.schedule.capacity_headroom, 0.7, "policy applies live");
+    let (same, held) = running.live_reload(running.clone());
+    assert!(held.is_empty() && same == running);
+}
+
+const MINIMAL: &str = r#"
+[[groups]]
+id = "chat"
+[[groups.channels]]
+id = "free-a"
+tier = "free"
+capacity_rps = 20
+[[groups.channels]]
+id = "paid-a"
+tier = "paid"
+price_per_1k_tokens = 0.5
+capacity_rps = 40
+"#;
+
+#[test]
+fn minimal_config_gets_seed_defaults_and_tier_layers() {
+    let c = Config::from_toml(MINIMAL).unwrap();
+    let free = &c.groups[0].channels[0];
+    let paid = &c.groups[0].channels[1];
+    assert_eq!(free.initial_weight, 0.3);
+    assert_eq!(paid.initial_weight, 0.7);
+    assert_eq!(free.policy.states.consecutive_failures, 4);
+    assert_eq!(paid.policy.states.consecutive_failures, 5);
+    assert_eq!(
+        paid.policy
+            .signals
+            .get(crate::signals::SignalKind::P99Latency)
+            .normal,
+        2000.0
+    );
+    assert_eq!(
+        free.policy
+            .signals
+            .get(crate::signals::SignalKind::P99Latency)
+            .normal,
+        1500.0
+    );
+    assert_eq!(paid.policy.states.at_risk_enter, 0.45);
+    assert_eq!(c.engine.outcome_window, 100);
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../hermes.example.toml");
+    Config::from_toml(text).unwrap();
+}
+
+#[test]
+fn the_compose_config_is_valid() {
+    let c = Config::from_toml(include_str!("../../compose/hermes.toml")).unwrap();
+    assert_eq!(c.kafka.brokers, "kafka:9092");
+    assert!(c.redis.url.starts_with("redis://redis:"));
+}
+
+#[test]
+fn service_settings_are_validated_with_their_keys() {
+    let text = format!(
+        "{MINIMAL}\n[kafka]\nalert_topic = \"hermes.requests\"\n[service]\nhttp_listen = \"nowhere\"\ncommit_interval_ms = 0\n"
+    );
+    let e = Config::from_toml(&text).unwrap_err().to_string();
+    for key in [
+        "kafka.alert_topic",
+        "service.http_listen",
+        "service.commit_interval_ms",
+    ] {
+        assert!(e.contains(key), "{key} missing in: {e}");
+    }
+}
+
+#[test]
+fn channel_override_touches_one_key() {
+    let text =
+        format!("{MINIMAL}\n[groups.channels.policy.signals.p99_latency_ms]\nnormal = 900.0\n");
+    let c = Config::from_toml(&text).unwrap();
+    let paid = &c.groups[0].channels[1];
+    assert_eq!(
+        paid.policy
+            .signals
+            .get(crate::signals::SignalKind::P99Latency)
+            .normal,
+        900.0
+    );
+    assert_eq!(
+        paid.policy
+            .signals
+            .get(crate::signals::SignalKind::P99Latency)
+            .degraded,
+        6000.0
+    );
+}
+
+fn issues(text: &str) -> Vec<String> {
+    Config::from_toml(text)
+        .unwrap_err()
+        .issues
+        .iter()
+        .map(|i| i.to_string())
+        .collect()
+}
+
+#[test]
+fn errors_name_the_offending_key() {
+    let bad = MINIMAL.replace("capacity_rps = 40", "capacity_rps = -1")
+        + "\n[policy.states]\nat_risk_exit = 0.5\ncooldown_ms = -5\n";
+    let all = issues(&bad);
+    let joined = all.join("\n");
+    assert!(
+        joined.contains("groups[0] (chat).channels[1] (paid-a).capacity_rps"),
+        "{joined}"
+    );
+    assert!(joined.contains("policy.states.at_risk_exit: must be below at_risk_enter"));
+    assert!(
+        !joined.contains("tiers.paid.policy.states.at_risk_exit"),
+        "reported once: {joined}"
+    );
+    assert!(joined.contains("policy.states.cooldown_ms: must be a positive duration"));
+}
+
+#[test]
+fn unknown_keys_and_crossed_bounds_are_refused() {
+    let all = issues(&format!("{MINIMAL}\n[engine]\nslise_ms = 5\n"));
+    assert!(all[0].contains("unknown field `slise_ms`"), "{all:?}");
+
+    let all = issues(&format!(
+        "{MINIMAL}\n[policy.signals.error_rate]\nweight = -1.0\nnormal = 0.05\ndegraded = 0.05\nmin_samples = 0\n"
+    ));
+    let joined = all.join("\n");
+    assert!(joined.contains("signals.error_rate.weight: must be a finite number >= 0"));
+    assert!(all.iter().all(|i| !i.starts_with("tiers.paid")), "{all:?}");
+    assert!(joined.contains("signals.error_rate: normal and degraded bounds are equal"));
+    assert!(joined.contains("signals.error_rate.min_samples"));
+}
+
+#[test]
+fn duplicate_channels_and_empty_groups_are_refused() {
+    let text = format!(
+        "{MINIMAL}\n[[groups]]\nid = \"other\"\n[[groups.channels]]\nid = \"free-a\"\ntier = \"free\"\ncapacity_rps = 1\n[[groups]]\nid = \"empty\"\n"
+    );
+    let joined = issues(&text).join("\n");
+    assert!(joined.contains("groups[1] (other).channels[0] (free-a).id: duplicate channel id"));
+    assert!(joined.contains("groups[2] (empty).channels: a group needs at least one channel"));
+}
+
+#[test]
+fn all_zero_weights_are_refused() {
+    let mut text = MINIMAL.to_string();
+    for (name, _) in HealthPolicy::default().signals.entries() {
+        text.push_str(&format!("[policy.signals.{name}]\nweight = 0.0\n"));
+    }
+    let joined = issues(&text).join("\n");
+    assert!(
+        joined.contains("policy.signals: every signal weight is 0"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn recovery_schedule_must_reach_full_weight() {
+    let text = format!(
+        "{MINIMAL}\n[[policy.states.recovery_steps]]\nuntil = 0.5\nstep = 0.1\nevery_ms = 1000\n"
+    );
+    let joined = issues(&text).join("\n");
+    assert!(joined.contains("recovery_steps: the last step must reach until = 1.0"));
+}
