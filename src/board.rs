@@ -142,7 +142,7 @@ impl GroupBoard {
         let Some(first) = view.first_report_ms else {
             return Err(NotReady::NoReports);
         };
-        let warmed = wall_ms - first >= cfg.service.group_warmup_ms;
+        let warmed = wall_ms - first >= cfg.schedule.group_warmup_ms;
         let healthy = StateKind::Healthy.as_str();
         let waiting: Vec<String> = g
             .channels
@@ -329,7 +329,7 @@ mod tests {
     #[test]
     fn a_group_waits_for_every_channel_until_the_warmup() {
         let cfg = cfg();
-        let warmup = cfg.service.group_warmup_ms;
+        let warmup = cfg.schedule.group_warmup_ms;
         let mut b = GroupBoard::new();
         assert_eq!(b.ready(&cfg, "chat", 0), Err(NotReady::NoReports));
         b.on_report(
@@ -366,7 +366,7 @@ mod tests {
             0,
         );
         assert!(b
-            .ready(&cfg, "chat", 10 * cfg.service.group_warmup_ms)
+            .ready(&cfg, "chat", 10 * cfg.schedule.group_warmup_ms)
             .is_err());
         b.on_report(
             &cfg,

@@ -16,7 +16,7 @@
 use crate::alert::AlertEvent;
 use crate::client::{ClientOptions, WeightClient};
 use crate::codec::Encoder;
-use crate::config::Config;
+use crate::config::{Config, ConfigFile, KafkaConfig};
 use crate::event::Dispatch;
 use crate::publish::{InProcessStore, WeightSnapshot};
 use crate::routing::{Pick, RoutingTable};
@@ -336,34 +336,35 @@ fn status_table(metrics: &Metrics, produced: u64, elapsed_s: f64, versions: &[u6
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     let sc = Arc::new(opts.scenario.clone());
     let cfg_text = sc.hermes_config_text(None).map_err(|e| anyhow!(e))?;
-    let mut cfg = Config::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?;
+    let mut file = ConfigFile::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?;
     let mock = MockCluster::new(1).context("starting the in-process Kafka mock cluster")?;
+    let rt = &mut file.runtime;
     for (topic, partitions) in [
-        (&cfg.kafka.request_topic, 3),
-        (&cfg.kafka.alert_topic, 1),
-        (&cfg.kafka.dead_letter_topic, 1),
-        (&cfg.kafka.health_topic, 1),
+        (&rt.kafka.request_topic, 3),
+        (&rt.kafka.alert_topic, 1),
+        (&rt.kafka.dead_letter_topic, 1),
+        (&rt.kafka.health_topic, 1),
     ] {
         mock.create_topic(topic, partitions, 1)?;
     }
     let bootstrap = mock.bootstrap_servers();
-    cfg.kafka.brokers = bootstrap.clone();
-    cfg.kafka.session_timeout_ms = 6_000;
-    cfg.service.http_listen = opts.http_listen.clone().unwrap_or_default();
-    cfg.service.reload_check_ms = 0;
+    rt.kafka.brokers = bootstrap.clone();
+    rt.kafka.session_timeout_ms = 6_000;
+    rt.service.http_listen = opts.http_listen.clone().unwrap_or_default();
+    rt.service.reload_check_ms = 0;
     if let Some(url) = &opts.redis_url {
-        cfg.redis.url = url.clone();
+        rt.redis.url = url.clone();
     }
-    let (store, weights) = weight_source(&cfg, opts.redis_url.as_deref())?;
-    let cfg = Arc::new(cfg);
-    let service = Service::start((*cfg).clone(), store, None).await?;
+    let topics = rt.kafka.clone();
+    let (store, weights) = weight_source(&file.policy, opts.redis_url.as_deref())?;
+    let service = Service::start(file, store, None).await?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("linger.ms", "5")
         .create()
         .context("creating the gateways' producer")?;
     let counters: Arc<Counters> = Arc::new(Default::default());
-    let service = drive(&opts, &sc, &cfg, &producer, &weights, service, &counters).await?;
+    let service = drive(&opts, &sc, &topics, &producer, &weights, service, &counters).await?;
     let _ = producer.flush(Duration::from_secs(5));
     let mut summary = DemoSummary {
         produced: counters.0.load(std::sync::atomic::Ordering::Relaxed),
@@ -393,7 +394,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
         .read()
         .map(|v| v.clone())
         .unwrap_or_default();
-    read_outputs(&bootstrap, &cfg, &mut summary).await?;
+    read_outputs(&bootstrap, &topics, &mut summary).await?;
     // Clients before the cluster they talk to, or librdkafka reports every
     // broker down on the way out.
     drop(producer);
@@ -442,7 +443,7 @@ fn weight_source(cfg: &Config, redis_url: Option<&str>) -> anyhow::Result<(Store
 async fn drive(
     opts: &DemoOptions,
     sc: &Arc<Scenario>,
-    cfg: &Config,
+    topics: &KafkaConfig,
     producer: &FutureProducer,
     weights: &WeightSource,
     mut service: Service,
@@ -451,7 +452,7 @@ async fn drive(
     let started = Instant::now();
     let mut gateway_task = tokio::spawn(gateways(
         sc.clone(),
-        cfg.kafka.request_topic.clone(),
+        topics.request_topic.clone(),
         producer.clone(),
         weights.clone(),
         started,
@@ -498,10 +499,10 @@ async fn drive(
 /// their transitions and overrides) and the dead letters with a reason.
 async fn read_outputs(
     bootstrap: &str,
-    cfg: &Config,
+    topics: &KafkaConfig,
     summary: &mut DemoSummary,
 ) -> anyhow::Result<()> {
-    for msg in read_back(bootstrap, &cfg.kafka.alert_topic, summary.alerts_produced).await? {
+    for msg in read_back(bootstrap, &topics.alert_topic, summary.alerts_produced).await? {
         if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_avro(p).ok()) {
             summary.alerts_read_back += 1;
             if a.kind == crate::alert::AlertKind::Override {
@@ -521,12 +522,7 @@ async fn read_outputs(
         }
     }
     use rdkafka::message::Headers;
-    let dead = read_back(
-        bootstrap,
-        &cfg.kafka.dead_letter_topic,
-        summary.dead_lettered,
-    )
-    .await?;
+    let dead = read_back(bootstrap, &topics.dead_letter_topic, summary.dead_lettered).await?;
     for msg in dead {
         let has_reason = msg.headers().is_some_and(|h| {
             h.iter()

@@ -40,7 +40,7 @@ short_window_ms = 5000
 long_window_ms = 15000
 evaluation_interval_ms = 1000
 allowed_lateness_ms = 2000
-[config.service]
+[config.schedule]
 group_warmup_ms = 3000
 "#;
 

@@ -43,9 +43,11 @@ session_timeout_ms = 6000
 [redis]
 url = "{redis}"
 
+[schedule]
+group_warmup_ms = 5000
+
 [service]
 heartbeat_ms = 2000
-group_warmup_ms = 5000
 commit_interval_ms = 500
 reload_check_ms = 1000
 http_listen = "127.0.0.1:{http_port}"

@@ -1,5 +1,15 @@
-//! Configuration: one TOML file, validated once, then handed to the engine as
-//! an immutable [`Config`]. The engine never sees an unvalidated value.
+//! Configuration: one TOML file, validated once, split by lifetime:
+//!
+//! - [`Config`], the *policy*: engine, signals, states, tiers, classes,
+//!   schedule, safety, alerts and the catalogue of groups. The engine, the
+//!   scheduler, the simulator and replay run on it; the service reloads it
+//!   live (only a window-shape change waits for a restart).
+//! - [`Runtime`]: `[kafka]`, `[redis]` and `[service]`, what `hermes run`
+//!   connects to and its loops' timers, frozen at start.
+//!
+//! [`ConfigFile`] is both, as read from a file; only the policy travels
+//! through the service's reload channel. The engine never sees an
+//! unvalidated value.
 //!
 //! Health policies layer, most specific last:
 //! built-in defaults → `[policy]` → built-in tier defaults → `[tiers.<tier>.policy]`
@@ -111,7 +121,8 @@ struct RawConfig {
     service: ServiceConfig,
 }
 
-/// The validated configuration the engine runs on.
+/// The validated policy the engine, the scheduler and the simulator run
+/// on: everything in the file but the restart-only [`Runtime`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub engine: EngineConfig,
@@ -120,33 +131,34 @@ pub struct Config {
     pub safety: SafetyConfig,
     pub classes: ClassPolicies,
     pub groups: Vec<GroupConfig>,
-    /// Where `hermes run` connects to (not used by the engine itself).
-    pub kafka: KafkaConfig,
-    pub redis: RedisConfig,
-    pub service: ServiceConfig,
 }
 
-impl Config {
-    /// A reloaded config as it may go live next to the running one: the
-    /// restart-only sections (`[kafka]`, `[redis]`, `[service]`: clients,
-    /// topics, listeners and loops built at start) keep their running
-    /// values, so nothing runs half on the old and half on the new. Returns
-    /// it with the names of the restart-only sections the file changed.
-    pub fn live_reload(&self, mut new: Config) -> (Config, Vec<&'static str>) {
-        let mut held = Vec::new();
-        if new.kafka != self.kafka {
-            held.push("kafka");
-            new.kafka = self.kafka.clone();
-        }
-        if new.redis != self.redis {
-            held.push("redis");
-            new.redis = self.redis.clone();
-        }
-        if new.service != self.service {
-            held.push("service");
-            new.service = self.service.clone();
-        }
-        (new, held)
+/// A config file as `hermes run` reads it: the policy and the runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigFile {
+    pub policy: Config,
+    pub runtime: Runtime,
+}
+
+impl ConfigFile {
+    /// Reads and validates a config file.
+    pub fn from_file(path: &std::path::Path) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::one(path.display().to_string(), format!("cannot read: {e}"))
+        })?;
+        ConfigFile::from_toml(&text)
+    }
+
+    /// Parses and validates config text, every section.
+    pub fn from_toml(text: &str) -> Result<ConfigFile, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .unwrap_or_else(|| "config".into());
+            ConfigError::one(key, e.message().to_string())
+        })?;
+        Config::resolve(raw)
     }
 }
 
@@ -177,27 +189,17 @@ fn validate_sections(raw: &RawConfig, v: &mut Issues) {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file; its policy.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::one(path.display().to_string(), format!("cannot read: {e}"))
-        })?;
-        Config::from_toml(&text)
+        ConfigFile::from_file(path).map(|f| f.policy)
     }
 
-    /// Parses and validates config text.
+    /// Parses and validates config text (every section); its policy.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let key = e
-                .span()
-                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
-                .unwrap_or_else(|| "config".into());
-            ConfigError::one(key, e.message().to_string())
-        })?;
-        Config::resolve(raw)
+        ConfigFile::from_toml(text).map(|f| f.policy)
     }
 
-    fn resolve(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn resolve(raw: RawConfig) -> Result<ConfigFile, ConfigError> {
         let mut v = Issues::default();
         validate_sections(&raw, &mut v);
         let tiers = TierPolicies::resolve(&raw, &mut v);
@@ -219,17 +221,20 @@ impl Config {
         if !v.0.is_empty() {
             return Err(ConfigError { issues: v.0 });
         }
-        Ok(Config {
+        let policy = Config {
             engine: raw.engine,
             alerts: raw.alerts,
             schedule: raw.schedule,
             safety: raw.safety,
             classes: raw.traffic_classes,
             groups,
+        };
+        let runtime = Runtime {
             kafka: raw.kafka,
             redis: raw.redis,
             service: raw.service,
-        })
+        };
+        Ok(ConfigFile { policy, runtime })
     }
 
     /// Every channel, in config order (groups, then channels).

@@ -4,6 +4,32 @@
 
 use super::*;
 
+/// The restart-only part of a config file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Runtime {
+    pub kafka: KafkaConfig,
+    pub redis: RedisConfig,
+    pub service: ServiceConfig,
+}
+
+impl Runtime {
+    /// The sections of `edited` that differ from this running runtime:
+    /// they take effect at the next restart.
+    pub fn changed_in(&self, edited: &Runtime) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if edited.kafka != self.kafka {
+            changed.push("kafka");
+        }
+        if edited.redis != self.redis {
+            changed.push("redis");
+        }
+        if edited.service != self.service {
+            changed.push("service");
+        }
+        changed
+    }
+}
+
 /// Kafka connection and topics. `properties` pass through to librdkafka
 /// verbatim (security.protocol, sasl.*, ssl.*, ...); their values are never
 /// logged.
@@ -104,10 +130,6 @@ pub struct RedisConfig {
 pub struct ServiceConfig {
     /// How often an unchanged snapshot's `heartbeat_ms` is refreshed.
     pub heartbeat_ms: i64,
-    /// A group is first published once every channel reported, or this long
-    /// after its first report (channels without traffic then count as
-    /// unknown).
-    pub group_warmup_ms: i64,
     /// Duplicate event ids are ignored within this much event time.
     pub dedup_horizon_ms: i64,
     /// Offsets are committed this often (after outputs were delivered).
@@ -126,7 +148,6 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         ServiceConfig {
             heartbeat_ms: 10_000,
-            group_warmup_ms: 60_000,
             dedup_horizon_ms: 60_000,
             commit_interval_ms: 1_000,
             reload_check_ms: 5_000,
@@ -140,7 +161,6 @@ impl ServiceConfig {
     pub(super) fn validate(&self, v: &mut Issues) {
         for (k, x) in [
             ("heartbeat_ms", self.heartbeat_ms),
-            ("group_warmup_ms", self.group_warmup_ms),
             ("dedup_horizon_ms", self.dedup_horizon_ms),
             ("commit_interval_ms", self.commit_interval_ms),
             ("idle_advance_ms", self.idle_advance_ms),

@@ -82,6 +82,11 @@ pub struct ScheduleConfig {
     /// hold in every hour, so the plan keeps a little room for noise and
     /// for the lag between a plan and the spend it causes.
     pub budget_margin: f64,
+    /// A group's writer first publishes once every channel reported, or
+    /// this long after the group's first report (channels without traffic
+    /// then count as unknown): no regression to default weights after a
+    /// restart or a takeover.
+    pub group_warmup_ms: i64,
 }
 
 impl Default for ScheduleConfig {
@@ -93,6 +98,7 @@ impl Default for ScheduleConfig {
             min_weight: 0.001,
             overflow_max_failure_rate: 0.9,
             budget_margin: 0.03,
+            group_warmup_ms: 60_000,
         }
     }
 }
@@ -186,6 +192,7 @@ pub(super) fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {
         v.push("schedule.max_weight_step", "must be within (0, 1]");
     }
     v.positive_ms("schedule.demand_window_ms".into(), s.demand_window_ms);
+    v.positive_ms("schedule.group_warmup_ms".into(), s.group_warmup_ms);
     if !(0.0..0.5).contains(&s.min_weight) {
         v.push("schedule.min_weight", "must be within [0, 0.5)");
     }

@@ -1,19 +1,26 @@
 use super::*;
 
 #[test]
-fn a_reload_keeps_the_restart_only_sections_running() {
-    let running = Config::from_toml(MINIMAL).unwrap();
+fn a_file_splits_into_the_policy_and_the_frozen_runtime() {
+    let text = format!(
+        "{MINIMAL}\n[kafka]\nalert_topic = \"a\"\n[service]\nheartbeat_ms = 7000\n[schedule]\ngroup_warmup_ms = 9000\n"
+    );
+    let file = ConfigFile::from_toml(&text).unwrap();
+    assert_eq!(file.runtime.kafka.alert_topic, "a");
+    assert_eq!(file.runtime.service.heartbeat_ms, 7000);
+    assert_eq!(file.policy.schedule.group_warmup_ms, 9000);
+    assert_eq!(Config::from_toml(&text).unwrap(), file.policy);
+    // A reload names the restart-only sections an edit touched.
+    let running = file.runtime.clone();
     let mut edited = running.clone();
     edited.kafka.alert_topic = "elsewhere".into();
     edited.service.heartbeat_ms += 1;
-    edited.schedule.capacity_headroom = 0.7;
-    let (live, held) = running.live_reload(edited);
-    assert_eq!(held, ["kafka", "service"]);
-    assert_eq!(live.kafka, running.kafka);
-    assert_eq!(live.service, running.service);
-    assert_eq!(live.schedule.capacity_headroom, 0.7, "policy applies live");
-    let (same, held) = running.live_reload(running.clone());
-    assert!(held.is_empty() && same == running);
+    assert_eq!(running.changed_in(&edited), ["kafka", "service"]);
+    assert!(running.changed_in(&running).is_empty());
+    // The warm-up is planning policy now, no longer a [service] timer.
+    let old = format!("{MINIMAL}\n[service]\ngroup_warmup_ms = 9000\n");
+    let e = ConfigFile::from_toml(&old).unwrap_err().to_string();
+    assert!(e.contains("group_warmup_ms"), "{e}");
 }
 
 const MINIMAL: &str = r#"
@@ -65,9 +72,9 @@ fn the_example_config_is_valid() {
 
 #[test]
 fn the_compose_config_is_valid() {
-    let c = Config::from_toml(include_str!("../../compose/hermes.toml")).unwrap();
-    assert_eq!(c.kafka.brokers, "kafka:9092");
-    assert!(c.redis.url.starts_with("redis://redis:"));
+    let c = ConfigFile::from_toml(include_str!("../../compose/hermes.toml")).unwrap();
+    assert_eq!(c.runtime.kafka.brokers, "kafka:9092");
+    assert!(c.runtime.redis.url.starts_with("redis://redis:"));
 }
 
 #[test]

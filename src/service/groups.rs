@@ -26,7 +26,7 @@ use super::metrics::{GroupGauges, Metrics};
 use crate::alert::{AlertEvent, AlertRules};
 use crate::board::{writer_partition, NotReady};
 use crate::composition::GroupPlanner;
-use crate::config::Config;
+use crate::config::{Config, Runtime};
 use crate::health::HealthReport;
 use crate::publish::redis::{PublishError, PublisherOptions, RedisPublisher};
 use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
@@ -97,15 +97,15 @@ struct Writer {
 }
 
 /// The Redis sink of a config.
-pub fn redis_sink(cfg: &Config) -> anyhow::Result<WeightSink> {
+pub fn redis_sink(rt: &Runtime) -> anyhow::Result<WeightSink> {
     Ok(WeightSink::Redis(Box::new(
-        RedisPublisher::new(&cfg.redis.url, PublisherOptions::default())
+        RedisPublisher::new(&rt.redis.url, PublisherOptions::default())
             .map_err(|e| anyhow::anyhow!(e))?,
     )))
 }
 
-fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
-    let k = &cfg.kafka;
+fn health_consumer(rt: &Runtime) -> anyhow::Result<StreamConsumer> {
+    let k = &rt.kafka;
     let consumer: StreamConsumer = kafka::client_config(k)
         // Required by librdkafka; no membership (plain assignment).
         .set("group.id", format!("{}-health-readers", k.group_id))
@@ -133,6 +133,7 @@ fn health_consumer(cfg: &Config) -> anyhow::Result<StreamConsumer> {
 /// where they write, and each one's fencing position.
 struct GroupWriters {
     cfg: Arc<Config>,
+    runtime: Arc<Runtime>,
     planner: GroupPlanner,
     writers: BTreeMap<String, Writer>,
     sink: WeightSink,
@@ -282,7 +283,7 @@ impl GroupWriters {
             // The change moved no weight: there is no decision to time.
             w.change_at_ms = None;
         }
-        let heartbeat_due = now - w.last_write_ms >= self.cfg.service.heartbeat_ms;
+        let heartbeat_due = now - w.last_write_ms >= self.runtime.service.heartbeat_ms;
         if !changed && !heartbeat_due {
             return;
         }
@@ -350,6 +351,8 @@ fn gauges(snap: &WeightSnapshot, now: i64) -> GroupGauges {
 /// every 500 ms round.
 pub struct GroupLoopParts {
     pub cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
+    /// Frozen at start.
+    pub runtime: Arc<Runtime>,
     pub ownership: Arc<Ownership>,
     pub sink: WeightSink,
     pub metrics: Arc<Metrics>,
@@ -363,6 +366,7 @@ pub struct GroupLoopParts {
 pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
     let GroupLoopParts {
         mut cfg_rx,
+        runtime,
         ownership,
         sink,
         metrics,
@@ -371,11 +375,12 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         producer,
     } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
-    let consumer = tokio::task::block_in_place(|| health_consumer(&cfg))?;
+    let consumer = tokio::task::block_in_place(|| health_consumer(&runtime))?;
     let mut writers = GroupWriters {
         planner: GroupPlanner::new(cfg.clone()),
         rules: AlertRules::new(cfg.alerts.clone()),
         cfg,
+        runtime,
         writers: BTreeMap::new(),
         sink,
         metrics,
@@ -406,7 +411,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
             }
             Some(cmd) = commands.recv() => {
                 if let Some(alert) = writers.on_command(cmd) {
-                    produce_alert(&producer, &writers.cfg, &alert)?;
+                    produce_alert(&producer, &writers.runtime, &alert)?;
                 }
             }
             _ = round.tick() => {}
@@ -424,13 +429,13 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
 /// Kafka will not take stops the loop.
 fn produce_alert(
     producer: &OutputProducer,
-    cfg: &Config,
+    rt: &Runtime,
     alert: &AlertEvent,
 ) -> anyhow::Result<()> {
     let bytes = alert
         .to_avro()
         .map_err(|e| anyhow::anyhow!("alert encoding: {e}"))?;
-    let rec = rdkafka::producer::BaseRecord::to(&cfg.kafka.alert_topic)
+    let rec = rdkafka::producer::BaseRecord::to(&rt.kafka.alert_topic)
         .key(alert.route_group.as_bytes())
         .payload(&bytes[..]);
     if !kafka::send(producer, rec) {

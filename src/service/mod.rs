@@ -34,7 +34,7 @@ pub mod registry;
 pub mod requests;
 pub mod state_store;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -43,13 +43,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Validates what `hermes run` needs beyond a valid engine config.
-pub fn check_runnable(cfg: &Config) -> anyhow::Result<()> {
-    if cfg.kafka.brokers.trim().is_empty() {
+pub fn check_runnable(rt: &Runtime) -> anyhow::Result<()> {
+    if rt.kafka.brokers.trim().is_empty() {
         anyhow::bail!(
             "kafka.brokers is empty: `hermes run` needs a Kafka cluster (try `hermes demo` for the embedded one)"
         );
     }
-    if cfg.redis.url.trim().is_empty() {
+    if rt.redis.url.trim().is_empty() {
         anyhow::bail!("redis.url is empty: `hermes run` publishes weights to Redis");
     }
     Ok(())
@@ -59,17 +59,18 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Re-reads the file when it changes. An invalid file is refused with every
-/// issue logged and the running config stays; `[kafka]`, `[redis]` and
-/// `[service]` keep their running values until a restart (logged; see
-/// `Config::live_reload`), a window-shape change is refused, everything
-/// else applies live.
+/// Re-reads the file when it changes and sends its policy on. An invalid
+/// file is refused with every issue logged and the running policy stays;
+/// `[kafka]`, `[redis]` and `[service]` are the frozen [`Runtime`]: a change
+/// there is logged and waits for a restart. A window-shape change is
+/// refused; everything else applies live.
 async fn watch_config(
     path: PathBuf,
+    runtime: Arc<Runtime>,
     tx: tokio::sync::watch::Sender<Arc<Config>>,
     metrics: Arc<metrics::Metrics>,
 ) {
-    let every = tx.borrow().service.reload_check_ms;
+    let every = runtime.service.reload_check_ms;
     if every <= 0 {
         return;
     }
@@ -82,36 +83,34 @@ async fn watch_config(
             continue;
         }
         last = now;
-        match Config::from_file(&path) {
-            Ok(new) => {
-                let old = tx.borrow().clone();
-                if new == *old {
-                    continue;
-                }
-                let (new, held) = old.live_reload(new);
-                if !held.is_empty() {
-                    tracing::warn!(
-                        sections = ?held,
-                        "restart-only settings changed: they take effect at the next restart, the running values stay"
-                    );
-                }
-                if new == *old {
-                    continue;
-                }
-                if new.engine != old.engine {
-                    metrics::Metrics::inc(&metrics.config_reload_rejected);
-                    tracing::error!("config reload refused: [engine] (window shape) changes need a restart; the running config stays");
-                    continue;
-                }
-                metrics::Metrics::inc(&metrics.config_reloads);
-                tracing::info!(path = %path.display(), "config reloaded");
-                let _ = tx.send(Arc::new(new));
-            }
+        let file = match ConfigFile::from_file(&path) {
+            Ok(file) => file,
             Err(e) => {
                 metrics::Metrics::inc(&metrics.config_reload_rejected);
                 tracing::error!(path = %path.display(), "config reload refused, the running config stays:\n{e}");
+                continue;
             }
+        };
+        let held = runtime.changed_in(&file.runtime);
+        if !held.is_empty() {
+            tracing::warn!(
+                sections = ?held,
+                "restart-only settings changed: they take effect at the next restart, the running values stay"
+            );
         }
+        let old = tx.borrow().clone();
+        let new = file.policy;
+        if new == *old {
+            continue;
+        }
+        if new.engine != old.engine {
+            metrics::Metrics::inc(&metrics.config_reload_rejected);
+            tracing::error!("config reload refused: [engine] (window shape) changes need a restart; the running config stays");
+            continue;
+        }
+        metrics::Metrics::inc(&metrics.config_reloads);
+        tracing::info!(path = %path.display(), "config reloaded");
+        let _ = tx.send(Arc::new(new));
     }
 }
 
@@ -146,40 +145,52 @@ impl Service {
     /// Starts every loop on the current runtime (multi-threaded). With a
     /// `config_path`, the file is watched and reloaded on change.
     pub async fn start(
-        cfg: Config,
+        file: ConfigFile,
         store: Store,
         config_path: Option<PathBuf>,
     ) -> anyhow::Result<Service> {
         let instance = instance_id();
-        log_start(&instance, &cfg);
+        log_start(&instance, &file);
+        let ConfigFile {
+            policy: cfg,
+            runtime,
+        } = file;
+        let runtime = Arc::new(runtime);
         let metrics = Arc::new(metrics::Metrics::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
         let mut tasks = Vec::new();
-        if !cfg.service.http_listen.is_empty() {
-            let l = tokio::net::TcpListener::bind(&cfg.service.http_listen)
+        let listen = &runtime.service.http_listen;
+        if !listen.is_empty() {
+            let l = tokio::net::TcpListener::bind(listen)
                 .await
-                .with_context(|| format!("binding {}", cfg.service.http_listen))?;
-            tracing::info!(listen = %cfg.service.http_listen, "serving /metrics and /status");
+                .with_context(|| format!("binding {listen}"))?;
+            tracing::info!(listen = %listen, "serving /metrics and /status");
             tasks.push(tokio::spawn(metrics::serve(l, metrics.clone())));
         }
         if let Some(path) = config_path {
-            tasks.push(tokio::spawn(watch_config(path, cfg_tx, metrics.clone())));
+            tasks.push(tokio::spawn(watch_config(
+                path,
+                runtime.clone(),
+                cfg_tx,
+                metrics.clone(),
+            )));
         }
         let (state_store, sink) = match &store {
             Store::Redis => (
-                Some(state_store::StateStore::start(&cfg.redis.url)?),
-                groups::redis_sink(&cfg)?,
+                Some(state_store::StateStore::start(&runtime.redis.url)?),
+                groups::redis_sink(&runtime)?,
             ),
             Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),
         };
         let ownership = Arc::new(groups::Ownership::default());
-        let producer =
-            kafka::output_producer(&cfg.kafka, metrics.clone()).context("creating the producer")?;
+        let producer = kafka::output_producer(&runtime.kafka, metrics.clone())
+            .context("creating the producer")?;
         let producer = Arc::new(producer);
         let (commands, inboxes) = command::Commands::new();
         let request_loop = requests::RequestLoop::new(requests::LoopParts {
             cfg_rx: cfg_rx.clone(),
+            runtime: runtime.clone(),
             ownership: ownership.clone(),
             store: state_store,
             producer: producer.clone(),
@@ -191,6 +202,7 @@ impl Service {
         })?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
+            runtime,
             ownership,
             sink,
             metrics: metrics.clone(),
@@ -236,16 +248,17 @@ impl Service {
     }
 }
 
-fn log_start(instance: &str, cfg: &Config) {
+fn log_start(instance: &str, file: &ConfigFile) {
+    let (cfg, rt) = (&file.policy, &file.runtime);
     tracing::info!(
         instance,
-        brokers = %cfg.kafka.brokers,
-        requests = %cfg.kafka.request_topic,
-        health = %cfg.kafka.health_topic,
-        alerts = %cfg.kafka.alert_topic,
-        dead_letters = %cfg.kafka.dead_letter_topic,
-        kafka_properties = %kafka::loggable_properties(&cfg.kafka),
-        redis = %redact_url(&cfg.redis.url),
+        brokers = %rt.kafka.brokers,
+        requests = %rt.kafka.request_topic,
+        health = %rt.kafka.health_topic,
+        alerts = %rt.kafka.alert_topic,
+        dead_letters = %rt.kafka.dead_letter_topic,
+        kafka_properties = %kafka::loggable_properties(&rt.kafka),
+        redis = %redact_url(&rt.redis.url),
         groups = cfg.groups.len(),
         channels = cfg.channels().count(),
         "hermes starting"
@@ -278,9 +291,9 @@ fn spawn_loops(
 
 /// Runs the service until SIGINT/SIGTERM or a loop fails.
 pub async fn run(config_path: &Path) -> anyhow::Result<()> {
-    let cfg = Config::from_file(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    check_runnable(&cfg)?;
-    let mut service = Service::start(cfg, Store::Redis, Some(config_path.to_path_buf())).await?;
+    let file = ConfigFile::from_file(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    check_runnable(&file.runtime)?;
+    let mut service = Service::start(file, Store::Redis, Some(config_path.to_path_buf())).await?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let failed = tokio::select! {
         _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted; stopping"); None }

@@ -97,13 +97,15 @@ impl Partition {
     /// A partition rebuilt on assignment: the saved state machines are
     /// restored (as of `saved_at_ms`, clamped to `latest_ok_ms` so a state
     /// stamped in the future by a bad clock cannot freeze its channel), then
-    /// the loop replays from `pos.start`.
+    /// the loop replays from `pos.start`. Event ids are remembered for
+    /// `dedup_horizon_ms` of event time.
     pub fn rebuild(
         id: i32,
         cfg: Arc<Config>,
         pos: Position,
         saved: &BTreeMap<String, SavedState>,
         latest_ok_ms: i64,
+        dedup_horizon_ms: i64,
     ) -> Partition {
         let mut engine = Engine::for_partition(cfg.clone());
         let mut restored = ahash::AHashMap::new();
@@ -128,7 +130,7 @@ impl Partition {
         Partition {
             id,
             engine,
-            dedup: Dedup::new(cfg.service.dedup_horizon_ms),
+            dedup: Dedup::new(dedup_horizon_ms),
             alerts: Vec::new(),
             resume_at: pos.resume_at,
             caught_up_at: pos.caught_up_at,
@@ -337,7 +339,7 @@ mod tests {
             start: 0,
             replay_floor_ms: 0,
         };
-        Partition::rebuild(0, cfg(), pos, &BTreeMap::new(), i64::MAX)
+        Partition::rebuild(0, cfg(), pos, &BTreeMap::new(), i64::MAX, 60_000)
     }
 
     #[test]

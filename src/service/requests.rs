@@ -35,7 +35,7 @@ use super::rebalance::{self, lock, Assigned, RequestContext, Shared, BROKER_TIME
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore};
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
-use crate::config::Config;
+use crate::config::{Config, Runtime};
 use crate::event::RequestEvent;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -56,7 +56,10 @@ pub struct RequestLoop {
 
 /// What the request loop needs from the service around it.
 pub struct LoopParts {
+    /// The policy, reloaded live.
     pub cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
+    /// Frozen at start.
+    pub runtime: Arc<Runtime>,
     pub ownership: Arc<Ownership>,
     /// Durable state machines; `None` (the demo without Redis): a takeover
     /// re-derives state from the replayed window.
@@ -72,6 +75,7 @@ pub struct LoopParts {
 
 struct LoopState {
     cfg: Arc<Config>,
+    runtime: Arc<Runtime>,
     ownership: Arc<Ownership>,
     cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
     shared: Arc<Mutex<Shared>>,
@@ -91,7 +95,7 @@ struct LoopState {
 impl RequestLoop {
     pub fn new(parts: LoopParts) -> anyhow::Result<RequestLoop> {
         let cfg = parts.cfg_rx.borrow().clone();
-        let k = &cfg.kafka;
+        let k = &parts.runtime.kafka;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let ctx = RequestContext {
             topic: k.request_topic.clone(),
@@ -125,6 +129,7 @@ impl RequestLoop {
             (!k.schema_registry_url.is_empty()).then(|| Registry::new(&k.schema_registry_url));
         let dead_letters = crate::alert::DeadLetterRule::new(cfg.alerts.clone());
         let emitter = Emitter {
+            runtime: parts.runtime.clone(),
             producer: parts.producer,
             metrics: parts.metrics.clone(),
             store: parts.store.clone(),
@@ -133,6 +138,7 @@ impl RequestLoop {
             consumer,
             state: LoopState {
                 cfg,
+                runtime: parts.runtime.clone(),
                 ownership: parts.ownership,
                 cfg_rx: parts.cfg_rx,
                 shared,
@@ -174,24 +180,21 @@ type RequestConsumer = BaseConsumer<RequestContext>;
 ///   (`hermes_health_reports_undelivered_total`) and logged, and the loop
 ///   goes on. State saves queue on the store's writer, which retries.
 struct Emitter {
+    runtime: Arc<Runtime>,
     producer: Arc<OutputProducer>,
     metrics: Arc<Metrics>,
     store: Option<StateStore>,
 }
 
 impl Emitter {
-    fn dead_letter(
-        &self,
-        cfg: &Config,
-        m: &BorrowedMessage<'_>,
-        refused: &Refused,
-    ) -> anyhow::Result<()> {
+    fn dead_letter(&self, m: &BorrowedMessage<'_>, refused: &Refused) -> anyhow::Result<()> {
         let payload = m.payload().unwrap_or(&[]);
         let headers =
             kafka::dead_letter_headers(refused.kind, &refused.reason, m.partition(), m.offset());
-        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&cfg.kafka.dead_letter_topic)
-            .payload(payload)
-            .headers(headers);
+        let mut rec: BaseRecord<'_, [u8], [u8]> =
+            BaseRecord::to(&self.runtime.kafka.dead_letter_topic)
+                .payload(payload)
+                .headers(headers);
         if let Some(k) = m.key() {
             rec = rec.key(k);
         }
@@ -206,11 +209,12 @@ impl Emitter {
         Ok(())
     }
 
-    fn outputs(&self, cfg: &Config, out: Outputs) -> anyhow::Result<()> {
+    fn outputs(&self, out: Outputs) -> anyhow::Result<()> {
+        let topics = &self.runtime.kafka;
         for a in out.alerts {
             let key = a.channel_id.as_deref().unwrap_or(&a.route_group);
             let bytes = a.to_avro().map_err(|e| anyhow!("alert encoding: {e}"))?;
-            let rec = BaseRecord::to(&cfg.kafka.alert_topic)
+            let rec = BaseRecord::to(&topics.alert_topic)
                 .key(key.as_bytes())
                 .payload(&bytes[..]);
             if !kafka::send(&self.producer, rec) {
@@ -228,7 +232,7 @@ impl Emitter {
         }
         for report in out.reports {
             let bytes = report.to_json();
-            let rec = BaseRecord::to(&cfg.kafka.health_topic)
+            let rec = BaseRecord::to(&topics.health_topic)
                 .key(report.group.as_bytes())
                 .payload(&bytes[..]);
             if kafka::send(&self.producer, rec) {
@@ -267,7 +271,7 @@ impl LoopState {
             }
             if Instant::now() >= next_commit {
                 next_commit = Instant::now()
-                    + Duration::from_millis(self.cfg.service.commit_interval_ms as u64);
+                    + Duration::from_millis(self.runtime.service.commit_interval_ms as u64);
                 self.commit(consumer)?;
             }
         }
@@ -330,7 +334,7 @@ impl LoopState {
                         if part.pin(&channel, pin) {
                             applied = true;
                             let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
-                            self.emitter.outputs(&self.cfg, out)?;
+                            self.emitter.outputs(out)?;
                         }
                     }
                     if applied {
@@ -397,7 +401,15 @@ impl LoopState {
                     start: a.start,
                     replay_floor_ms,
                 };
-                Partition::rebuild(a.partition, self.cfg.clone(), pos, &saved, latest_ok_ms)
+                let dedup_ms = self.runtime.service.dedup_horizon_ms;
+                Partition::rebuild(
+                    a.partition,
+                    self.cfg.clone(),
+                    pos,
+                    &saved,
+                    latest_ok_ms,
+                    dedup_ms,
+                )
             })
             .collect()
     }
@@ -422,7 +434,7 @@ impl LoopState {
             .collect();
         self.metrics.set_owned(owned.clone());
         self.ownership.set_owned(owned);
-        let topic = &self.cfg.kafka.request_topic;
+        let topic = &self.runtime.kafka.request_topic;
         if let Ok(md) = consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
             if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
                 self.ownership
@@ -507,7 +519,7 @@ impl LoopState {
             Ok(Applied::Duplicate) => Metrics::inc(&self.metrics.duplicates),
             Ok(Applied::TooLate) => Metrics::inc(&self.metrics.too_late),
             Ok(Applied::BelowReplayFloor) => {}
-            Err(refused) if !replaying => self.emitter.dead_letter(&self.cfg, m, refused)?,
+            Err(refused) if !replaying => self.emitter.dead_letter(m, refused)?,
             Err(_) => {}
         }
         let part = self.partitions.get_mut(&p).expect("checked above");
@@ -528,7 +540,7 @@ impl LoopState {
         }
         part.handled(offset);
         let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
-        self.emitter.outputs(&self.cfg, out)
+        self.emitter.outputs(out)
     }
 
     /// Idle partitions move event time with the wall clock (minus the allowed
@@ -543,7 +555,7 @@ impl LoopState {
     /// the statistics callback (`statistics.interval.ms`), so the check asks
     /// the broker nothing.
     fn advance_idle(&mut self) -> anyhow::Result<()> {
-        let idle = Duration::from_millis(self.cfg.service.idle_advance_ms as u64);
+        let idle = Duration::from_millis(self.runtime.service.idle_advance_ms as u64);
         let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
         let known = lock(&self.shared).high_watermarks.clone();
         for (p, part) in self.partitions.iter_mut() {
@@ -560,7 +572,7 @@ impl LoopState {
                 Some((high, at)) if *at > part.last_record && *high <= part.next_offset() => {
                     part.advance_to(to);
                     let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
-                    self.emitter.outputs(&self.cfg, out)?;
+                    self.emitter.outputs(out)?;
                 }
                 Some((high, _)) => {
                     tracing::debug!(
