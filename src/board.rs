@@ -120,11 +120,6 @@ impl GroupBoard {
             .previous_states = states;
     }
 
-    /// Forgets a group (its health partition moved to another writer).
-    pub fn forget(&mut self, group: &str) {
-        self.groups.remove(group);
-    }
-
     pub fn groups(&self) -> impl Iterator<Item = &str> {
         self.groups.keys().map(|s| s.as_str())
     }
