@@ -28,8 +28,9 @@ pub struct Position {
     /// Offsets below this were handled by a previous owner: replayed, they
     /// only rebuild windows (no dead letters, no alerts again).
     pub resume_at: i64,
-    /// High watermark at assignment: the partition reports once past it.
-    pub caught_up_at: i64,
+    /// High watermark at assignment: the partition reports once past it
+    /// (`None`: not known yet, see [`Partition::learn_high_watermark`]).
+    pub caught_up_at: Option<i64>,
     /// First offset this assignment reads.
     pub start: i64,
     /// Replayed events older than this are outside every window (a broker
@@ -78,7 +79,7 @@ pub struct Partition {
     /// Alerts raised since the last [`Partition::outputs`].
     alerts: Vec<AlertEvent>,
     resume_at: i64,
-    caught_up_at: i64,
+    caught_up_at: Option<i64>,
     next_offset: i64,
     replay_floor_ms: i64,
     pub last_record: Instant,
@@ -159,9 +160,27 @@ impl Partition {
         self.replays(self.next_offset)
     }
 
-    /// Past the high watermark seen at assignment.
+    /// Past the high watermark seen at assignment (never while it is not
+    /// known).
     pub fn caught_up(&self) -> bool {
-        self.next_offset >= self.caught_up_at
+        self.caught_up_at.is_some_and(|h| self.next_offset >= h)
+    }
+
+    /// The high watermark from a fetch report, when the broker did not give
+    /// one at assignment.
+    pub fn learn_high_watermark(&mut self, high: i64) {
+        if self.caught_up_at.is_none() {
+            tracing::info!(
+                partition = self.id,
+                high,
+                "high watermark known from a fetch report"
+            );
+            self.caught_up_at = Some(high);
+        }
+    }
+
+    pub fn caught_up_at(&self) -> Option<i64> {
+        self.caught_up_at
     }
 
     pub fn next_offset(&self) -> i64 {
@@ -335,7 +354,7 @@ mod tests {
     fn partition(resume_at: i64) -> Partition {
         let pos = Position {
             resume_at,
-            caught_up_at: 0,
+            caught_up_at: Some(0),
             start: 0,
             replay_floor_ms: 0,
         };
@@ -383,5 +402,28 @@ mod tests {
         let out = p.outputs("i", || 0);
         assert_eq!(out.alerts.len(), 1);
         assert_eq!(out.alerts[0].kind, AlertKind::Override);
+    }
+
+    #[test]
+    fn an_unknown_high_watermark_is_never_taken_as_caught_up() {
+        let pos = Position {
+            resume_at: 0,
+            caught_up_at: None,
+            start: 0,
+            replay_floor_ms: 0,
+        };
+        let mut p = Partition::rebuild(0, cfg(), pos, &BTreeMap::new(), i64::MAX, 60_000);
+        assert!(!p.caught_up(), "a failed watermark fetch is not offset 0");
+        p.learn_high_watermark(3);
+        assert!(!p.caught_up());
+        for (o, id) in ["e1", "e2", "e3"].into_iter().enumerate() {
+            let t = 1_764_000_000_000 + o as i64;
+            p.apply(&event("free-a", t, id), o as i64, t, 60_000)
+                .unwrap();
+            p.handled(o as i64);
+        }
+        assert!(p.caught_up());
+        p.learn_high_watermark(100);
+        assert!(p.caught_up(), "learned once, at assignment's place");
     }
 }

@@ -32,8 +32,10 @@ pub(super) struct Assigned {
     pub(super) kept: bool,
     /// Offsets below this were handled by a previous owner.
     pub(super) resume_at: i64,
-    /// High watermark at assignment: reporting starts once past it.
-    pub(super) high: i64,
+    /// High watermark at assignment: reporting starts once past it. `None`:
+    /// the broker did not say; the first fetch report will (a partition is
+    /// never taken as caught up on a guess).
+    pub(super) high: Option<i64>,
     /// First offset this assignment reads.
     pub(super) start: i64,
 }
@@ -112,10 +114,13 @@ impl RequestContext {
         let replay_from = self.replay_from(c, &fresh);
         let mut out = Vec::new();
         for p in partitions {
-            let high = c
-                .fetch_watermarks(&self.topic, p, BROKER_TIMEOUT)
-                .map(|(_, h)| h)
-                .unwrap_or(0);
+            let high = match c.fetch_watermarks(&self.topic, p, BROKER_TIMEOUT) {
+                Ok((_, h)) => Some(h),
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "high watermark unavailable; the first fetch report gives it");
+                    None
+                }
+            };
             let known = Known {
                 position: positions.get(&p).copied(),
                 committed: committed.get(&p).copied(),
@@ -200,7 +205,7 @@ struct Known {
     committed: Option<i64>,
     /// The replay window's first offset, by time.
     replay_from: Option<Offset>,
-    high: i64,
+    high: Option<i64>,
 }
 
 /// Where partition `p` starts reading, and its bookkeeping. A partition we
@@ -228,7 +233,7 @@ fn start_of(p: i32, k: Known) -> (Offset, Assigned) {
     };
     let start_num = match start {
         Offset::Offset(o) => o,
-        Offset::End => k.high,
+        Offset::End => k.high.unwrap_or(0),
         _ => 0,
     };
     let a = Assigned {
@@ -375,7 +380,7 @@ mod tests {
             position,
             committed,
             replay_from: by_time.map(Offset::Offset),
-            high: 500,
+            high: Some(500),
         }
     }
 
@@ -384,7 +389,7 @@ mod tests {
         let (start, a) = start_of(3, known(Some(120), Some(100), Some(10)));
         assert_eq!(start, Offset::Offset(120));
         assert!(a.kept);
-        assert_eq!((a.resume_at, a.start, a.high), (120, 120, 500));
+        assert_eq!((a.resume_at, a.start, a.high), (120, 120, Some(500)));
     }
 
     #[test]

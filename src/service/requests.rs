@@ -264,10 +264,7 @@ impl LoopState {
             self.handle_commands()?;
             if Instant::now() >= next_housekeeping {
                 next_housekeeping = Instant::now() + Duration::from_millis(500);
-                self.reload_config();
-                if drained {
-                    self.advance_idle()?;
-                }
+                self.housekeeping(consumer, drained)?;
             }
             if Instant::now() >= next_commit {
                 next_commit = Instant::now()
@@ -306,6 +303,47 @@ impl LoopState {
             }
         }
         Ok(())
+    }
+
+    /// Every 500 ms: a reloaded policy, high watermarks the broker did not
+    /// give at assignment, the topic's partition count if it is still
+    /// unknown (no group is written until it is), and idle partitions.
+    fn housekeeping(&mut self, consumer: &RequestConsumer, drained: bool) -> anyhow::Result<()> {
+        self.reload_config();
+        let known = lock(&self.shared).high_watermarks.clone();
+        for (p, part) in self.partitions.iter_mut() {
+            if let (None, Some((high, _))) = (part.caught_up_at(), known.get(p)) {
+                part.learn_high_watermark(*high);
+            }
+        }
+        if self.ownership.request_partitions.load(Ordering::Relaxed) == 0 {
+            self.refresh_partition_count(consumer);
+        }
+        if drained {
+            self.advance_idle()?;
+        }
+        Ok(())
+    }
+
+    /// The request topic's partition count, which decides each group's
+    /// writer. A failed metadata fetch keeps the last known count (zero:
+    /// nobody writes yet) and is retried at the next housekeeping round.
+    fn refresh_partition_count(&self, consumer: &RequestConsumer) {
+        let topic = &self.runtime.kafka.request_topic;
+        match consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
+            Ok(md) => match md.topics().iter().find(|t| t.name() == topic) {
+                Some(t) if !t.partitions().is_empty() => self
+                    .ownership
+                    .request_partitions
+                    .store(t.partitions().len() as u32, Ordering::Relaxed),
+                _ => {
+                    tracing::warn!(%topic, "request topic has no partitions in the metadata; retrying")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "request topic metadata unavailable; retrying")
+            }
+        }
     }
 
     fn reload_config(&mut self) {
@@ -434,14 +472,7 @@ impl LoopState {
             .collect();
         self.metrics.set_owned(owned.clone());
         self.ownership.set_owned(owned);
-        let topic = &self.runtime.kafka.request_topic;
-        if let Ok(md) = consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
-            if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
-                self.ownership
-                    .request_partitions
-                    .store(t.partitions().len() as u32, Ordering::Relaxed);
-            }
-        }
+        self.refresh_partition_count(consumer);
     }
 
     /// Decodes a record, fetching an unknown writer schema from the registry
