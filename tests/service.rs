@@ -1088,3 +1088,66 @@ fn redis_down_for_ten_seconds_hermes_keeps_consuming_and_republishes() {
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SPEC §5a / issue #11: dependencies come and go. Hermes started before its
+/// broker keeps running, says on `/readyz` why it is not ready, logs the
+/// outage once rather than per retry, and becomes ready and consumes once
+/// the broker is up.
+#[test]
+fn a_broker_that_comes_up_after_hermes_is_waited_for_and_readiness_says_why() {
+    let _serial = serial();
+    let redis = RedisServer::start();
+    let dir = dir();
+    let broker_port = free_port();
+    let http = free_port();
+    let cfg = config(
+        &format!("127.0.0.1:{broker_port}"),
+        &redis.url(),
+        http,
+        5000,
+    );
+    let mut hermes = Hermes::start(&dir, "early", &cfg, http);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let not_ready = |h: &Hermes| h.get("/readyz").filter(|b| b.starts_with("not ready"));
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(20), || {
+            not_ready(&hermes).is_some_and(|b| b.contains("kafka") || b.contains("health_topic"))
+        })),
+        "readiness should name the broker:\n{:?}\n{}",
+        hermes.get("/readyz"),
+        hermes.log_tail()
+    );
+    // Ten seconds without a broker: still alive, still answering.
+    std::thread::sleep(Duration::from_secs(10));
+    assert!(
+        hermes.child.try_wait().unwrap().is_none(),
+        "hermes exited without a broker:\n{}",
+        hermes.log_tail()
+    );
+    assert_eq!(hermes.get("/healthz").as_deref(), Some("ok\n"));
+    assert!(not_ready(&hermes).is_some());
+    let log = std::fs::read_to_string(&hermes.log).unwrap_or_default();
+    let outage_lines = log
+        .lines()
+        .filter(|l| l.contains("dependency unavailable"))
+        .count();
+    assert!(
+        outage_lines <= 6,
+        "the outage is logged per change, not per retry ({outage_lines} lines):\n{}",
+        hermes.log_tail()
+    );
+    // The broker comes up where Hermes was told to look.
+    let kafka = Tansu::start_on(broker_port, TOPICS);
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(90), || {
+            hermes.get("/readyz").as_deref() == Some("ready\n")
+                && hermes.metric("hermes_events_consumed_total").unwrap_or(0.0) > 0.0
+        })),
+        "not ready after the broker came up:\n{:?}\n{}",
+        hermes.get("/readyz"),
+        hermes.log_tail()
+    );
+    drop(gw);
+    hermes.kill();
+}

@@ -104,16 +104,18 @@ pub fn redis_sink(rt: &Runtime) -> anyhow::Result<WeightSink> {
     )))
 }
 
-fn health_consumer(rt: &Runtime) -> anyhow::Result<StreamConsumer> {
+type HealthConsumer = StreamConsumer<kafka::QuietContext>;
+
+fn health_consumer(rt: &Runtime) -> anyhow::Result<HealthConsumer> {
     let k = &rt.kafka;
-    let consumer: StreamConsumer = kafka::client_config(k)
+    let consumer: HealthConsumer = kafka::client_config(k)
         // Required by librdkafka; no membership (plain assignment).
         .set("group.id", format!("{}-health-readers", k.group_id))
         .set("enable.auto.commit", "false")
         // Reports are few and a drain is in one: a broker that holds an
         // empty fetch for the default 500 ms would add that to every drain.
         .set("fetch.wait.max.ms", "10")
-        .create()?;
+        .create_with_context(kafka::QuietContext::named("health"))?;
     let md = consumer.fetch_metadata(Some(&k.health_topic), Duration::from_secs(10))?;
     let topic = md
         .topics()
@@ -127,6 +129,44 @@ fn health_consumer(rt: &Runtime) -> anyhow::Result<StreamConsumer> {
     }
     consumer.assign(&tpl)?;
     Ok(consumer)
+}
+
+/// The health-topic reader, retried with capped backoff (1 s doubling to
+/// 30 s) while the broker or the topic is unavailable: a broker that boots
+/// after Hermes delays the writers, it does not stop the process. `None`
+/// once asked to stop.
+async fn connect_health(
+    rt: &Runtime,
+    metrics: &Metrics,
+    stop: &AtomicBool,
+) -> Option<HealthConsumer> {
+    use super::metrics::Dependency;
+    let target = format!("{} ({})", rt.kafka.brokers, rt.kafka.health_topic);
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match tokio::task::block_in_place(|| health_consumer(rt)) {
+            Ok(c) => {
+                metrics
+                    .readiness
+                    .set(Dependency::HealthTopic, &target, None);
+                return Some(c);
+            }
+            Err(e) => {
+                let problem = Some(e.to_string());
+                metrics
+                    .readiness
+                    .set(Dependency::HealthTopic, &target, problem);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + backoff;
+        while tokio::time::Instant::now() < deadline {
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
 }
 
 /// The groups this instance writes: what they plan ([`GroupPlanner`]),
@@ -224,13 +264,23 @@ impl GroupWriters {
         }
     }
 
+    /// Redis readiness from the last write or epoch take.
+    fn redis_state(&self, problem: Option<String>) {
+        let target = crate::publish::redact_url(&self.runtime.redis.url);
+        self.metrics
+            .readiness
+            .set(super::metrics::Dependency::Redis, &target, problem);
+    }
+
     /// Takes the group's writer epoch (above every stored one) and learns
     /// the stored snapshot's channel states. False while the sink is down.
     async fn ensure_epoch(&mut self, group: &str) -> bool {
         if self.writers[group].epoch.is_some() {
             return true;
         }
-        match self.sink.take_epoch(group).await {
+        let taken = self.sink.take_epoch(group).await;
+        self.redis_state(taken.as_ref().err().map(|e| e.to_string()));
+        match taken {
             Ok((epoch, stored)) => {
                 let epoch = stored.as_ref().map_or(epoch, |s| epoch.max(s.epoch + 1));
                 let w = self.writers.get_mut(group).expect("listed by the caller");
@@ -293,6 +343,7 @@ impl GroupWriters {
         snap.version = version;
         let plan_version = plan.version;
         let outcome = self.sink.write(&snap).await;
+        self.redis_state(outcome.as_ref().err().map(|e| e.to_string()));
         let w = self.writers.get_mut(group).expect("listed by the caller");
         match outcome {
             Ok(WriteOutcome::Stale { stored_epoch, .. }) => {
@@ -375,7 +426,9 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         producer,
     } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
-    let consumer = tokio::task::block_in_place(|| health_consumer(&runtime))?;
+    let Some(consumer) = connect_health(&runtime, &metrics, &stop).await else {
+        return Ok(());
+    };
     let mut writers = GroupWriters {
         planner: GroupPlanner::new(cfg.clone()),
         rules: AlertRules::new(cfg.alerts.clone()),

@@ -47,6 +47,83 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     c
 }
 
+/// librdkafka's global errors and log lines, each logged once per minute per
+/// kind: a broker that is down raises `AllBrokersDown` and a failed connect
+/// on every retry (hundreds of lines in seconds), which says nothing new
+/// after the first. Readiness (`/readyz`) carries the state meanwhile.
+#[derive(Default)]
+pub struct QuietLog {
+    last: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl QuietLog {
+    /// Whether a line of this kind is due (not logged within the minute).
+    fn due(&self, kind: &str) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match last.get(kind) {
+            Some(at) if now.duration_since(*at) < Duration::from_secs(60) => false,
+            _ => {
+                last.insert(kind.to_string(), now);
+                true
+            }
+        }
+    }
+
+    /// For `ClientContext::error`: by error code.
+    pub fn error(&self, client: &str, error: &rdkafka::error::KafkaError, reason: &str) {
+        let kind = format!("{client}/{:?}", error.rdkafka_error_code());
+        if self.due(&kind) {
+            tracing::error!(client, %error, reason, "librdkafka error (repeats are logged once a minute)");
+        }
+    }
+
+    /// For `ClientContext::log`: warnings and worse by facility, the rest at
+    /// debug.
+    pub fn log(&self, client: &str, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning => {
+                if self.due(&format!("{client}/{fac}")) {
+                    tracing::warn!(
+                        client,
+                        facility = fac,
+                        "librdkafka: {msg} (repeats are logged once a minute)"
+                    );
+                }
+            }
+            _ => tracing::debug!(client, facility = fac, "librdkafka: {msg}"),
+        }
+    }
+}
+
+/// A plain client or consumer context that logs through [`QuietLog`].
+#[derive(Default)]
+pub struct QuietContext {
+    pub name: &'static str,
+    quiet: QuietLog,
+}
+
+impl QuietContext {
+    pub fn named(name: &'static str) -> QuietContext {
+        QuietContext {
+            name,
+            quiet: QuietLog::default(),
+        }
+    }
+}
+
+impl ClientContext for QuietContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        self.quiet.log(self.name, level, fac, msg)
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.quiet.error(self.name, &error, reason)
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietContext {}
+
 /// Counts acknowledgements into the service's metrics; a failure is logged
 /// with its topic (the payload is not logged: it may be a gateway's data).
 pub struct DeliveryTracker {
@@ -55,9 +132,17 @@ pub struct DeliveryTracker {
     /// replaces them); failures elsewhere (alerts, dead letters) are ones
     /// offsets depend on.
     pub best_effort_topic: String,
+    pub quiet: QuietLog,
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        self.quiet.log("producer", level, fac, msg)
+    }
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.quiet.error("producer", &error, reason)
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
@@ -90,6 +175,7 @@ pub fn output_producer(
         .create_with_context(DeliveryTracker {
             metrics,
             best_effort_topic: kafka.health_topic.clone(),
+            quiet: QuietLog::default(),
         })?;
     Ok(p)
 }

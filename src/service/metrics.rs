@@ -124,6 +124,91 @@ pub struct Metrics {
     lag: Mutex<BTreeMap<i32, i64>>,
     /// Request partitions this instance holds.
     owned: Mutex<std::collections::BTreeSet<i32>>,
+    /// What `/readyz` answers.
+    pub readiness: Readiness,
+}
+
+/// A dependency `/readyz` reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Dependency {
+    /// The request consumer's brokers (librdkafka's statistics: a broker up).
+    Kafka,
+    /// The health topic the group writers read.
+    HealthTopic,
+    /// Redis, for snapshots and saved state.
+    Redis,
+}
+
+impl Dependency {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dependency::Kafka => "kafka",
+            Dependency::HealthTopic => "health_topic",
+            Dependency::Redis => "redis",
+        }
+    }
+}
+
+/// Each dependency's last known problem, and the request loop's progress.
+/// A dependency never seen failing counts as fine: readiness says what is
+/// known to be wrong, with the reason.
+#[derive(Default)]
+pub struct Readiness {
+    problems: Mutex<BTreeMap<Dependency, String>>,
+    /// The request loop received an assignment (possibly empty).
+    assigned: std::sync::atomic::AtomicBool,
+    /// Owned partitions still replaying or catching up.
+    catching_up: std::sync::atomic::AtomicU32,
+}
+
+impl Readiness {
+    /// Records a dependency's state: `Some(problem)` or fine. Logs once
+    /// per change (a dependency that stays down is not a log line per
+    /// retry). `target` names the address tried.
+    pub fn set(&self, dep: Dependency, target: &str, problem: Option<String>) {
+        let mut problems = lock(&self.problems);
+        match problem {
+            Some(p) => {
+                if problems.get(&dep) != Some(&p) {
+                    tracing::warn!(dependency = dep.as_str(), %target, problem = %p, "dependency unavailable; retrying");
+                    problems.insert(dep, p);
+                }
+            }
+            None => {
+                if problems.remove(&dep).is_some() {
+                    tracing::info!(dependency = dep.as_str(), %target, "dependency available again");
+                }
+            }
+        }
+    }
+
+    pub fn set_assigned(&self) {
+        self.assigned.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_catching_up(&self, partitions: u32) {
+        self.catching_up.store(partitions, Ordering::Relaxed);
+    }
+
+    /// `Ok` when ready; otherwise every reason it is not.
+    pub fn check(&self) -> Result<(), Vec<String>> {
+        let mut reasons: Vec<String> = lock(&self.problems)
+            .iter()
+            .map(|(d, p)| format!("{}: {p}", d.as_str()))
+            .collect();
+        if !self.assigned.load(Ordering::Relaxed) {
+            reasons.push("no partition assignment received yet".into());
+        }
+        let n = self.catching_up.load(Ordering::Relaxed);
+        if n > 0 {
+            reasons.push(format!("{n} partition(s) still replaying or catching up"));
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -487,7 +572,9 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/status` and `/healthz` until the task is dropped.
+/// Serves `/metrics`, `/status`, `/healthz` (the process answers) and
+/// `/readyz` (ready, or 503 with every reason it is not) until the task is
+/// dropped.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
@@ -523,6 +610,14 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
                     metrics.render_status(),
                 ),
                 "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                "/readyz" => match metrics.readiness.check() {
+                    Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
+                    Err(reasons) => (
+                        "503 Service Unavailable",
+                        "text/plain",
+                        format!("not ready:\n{}\n", reasons.join("\n")),
+                    ),
+                },
                 _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
             };
             let head = format!(

@@ -11,7 +11,7 @@
 //! the metrics, and the fetch high watermarks that idle detection reads.
 
 use super::kafka::OutputProducer;
-use super::metrics::Metrics;
+use super::metrics::{Dependency, Metrics};
 use super::partition::Partition;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::producer::Producer;
@@ -64,17 +64,35 @@ pub(super) struct Shared {
 
 /// Prepares offsets on assignment (replay start) and commits on revocation.
 pub(super) struct RequestContext {
+    /// `kafka.brokers`, for readiness reports.
+    pub(super) brokers: String,
     pub(super) topic: String,
     pub(super) replay_ms: i64,
     pub(super) shared: Arc<Mutex<Shared>>,
     pub(super) producer: Arc<OutputProducer>,
     pub(super) metrics: Arc<Metrics>,
+    pub(super) quiet: super::kafka::QuietLog,
 }
 
 impl ClientContext for RequestContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        self.quiet.log("requests", level, fac, msg)
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.quiet.error("requests", &error, reason)
+    }
+
     /// Consumer lag per partition from librdkafka's statistics (no broker
     /// round trip on the loop).
     fn stats(&self, stats: rdkafka::Statistics) {
+        // Reachable while any broker connection is up (bootstrap entries
+        // included): librdkafka reconnects on its own, this only says so.
+        let up = stats.brokers.values().any(|b| b.state == "UP");
+        let problem = (!up).then(|| "no broker connection up".to_string());
+        self.metrics
+            .readiness
+            .set(Dependency::Kafka, &self.brokers, problem);
         if let Some(t) = stats.topics.get(&self.topic) {
             let now = Instant::now();
             let mut shared = lock(&self.shared);

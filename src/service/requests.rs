@@ -31,7 +31,7 @@ use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::Metrics;
 use super::partition::{Applied, Outputs, Partition, Position, Refused};
-use super::rebalance::{self, lock, Assigned, RequestContext, Shared, BROKER_TIMEOUT};
+use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore};
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
@@ -90,6 +90,8 @@ struct LoopState {
     dead_letters: crate::alert::DeadLetterRule,
     emitter: Emitter,
     commands: Receiver<Command>,
+    /// The last consumer error logged, and when.
+    last_consumer_error: Option<(String, Instant)>,
 }
 
 impl RequestLoop {
@@ -98,12 +100,14 @@ impl RequestLoop {
         let k = &parts.runtime.kafka;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let ctx = RequestContext {
+            brokers: k.brokers.clone(),
             topic: k.request_topic.clone(),
             replay_ms: cfg.engine.long_window_ms.max(cfg.engine.short_window_ms)
                 + cfg.engine.allowed_lateness_ms,
             shared: shared.clone(),
             producer: parts.producer.clone(),
             metrics: parts.metrics.clone(),
+            quiet: kafka::QuietLog::default(),
         };
         let consumer: BaseConsumer<RequestContext> = kafka::client_config(k)
             .set("group.id", &k.group_id)
@@ -152,6 +156,7 @@ impl RequestLoop {
                 dead_letters,
                 emitter,
                 commands: parts.commands,
+                last_consumer_error: None,
             },
         })
     }
@@ -258,7 +263,7 @@ impl LoopState {
             let drained = polled.is_none();
             match polled {
                 Some(Ok(m)) => self.handle_record(consumer, &decoder, &m)?,
-                Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+                Some(Err(e)) => self.consumer_error(e),
                 None => {}
             }
             self.handle_commands()?;
@@ -274,6 +279,21 @@ impl LoopState {
         }
         self.commit(consumer)?;
         Ok(())
+    }
+
+    /// A consumer error is logged when it differs from the last one, or a
+    /// minute after it: a broker that stays down is not a line per poll
+    /// (librdkafka retries on its own; readiness reports it).
+    fn consumer_error(&mut self, e: rdkafka::error::KafkaError) {
+        let text = e.to_string();
+        let repeat = self
+            .last_consumer_error
+            .as_ref()
+            .is_some_and(|(t, at)| *t == text && at.elapsed() < Duration::from_secs(60));
+        if !repeat {
+            tracing::warn!(error = %text, brokers = %self.runtime.kafka.brokers, "consumer error");
+            self.last_consumer_error = Some((text, Instant::now()));
+        }
     }
 
     /// Commits the stored offsets once every output produced so far is
@@ -319,6 +339,12 @@ impl LoopState {
         if self.ownership.request_partitions.load(Ordering::Relaxed) == 0 {
             self.refresh_partition_count(consumer);
         }
+        let catching_up = self
+            .partitions
+            .values()
+            .filter(|p| p.active && !p.caught_up())
+            .count();
+        self.metrics.readiness.set_catching_up(catching_up as u32);
         if drained {
             self.advance_idle()?;
         }
@@ -330,7 +356,7 @@ impl LoopState {
     /// nobody writes yet) and is retried at the next housekeeping round.
     fn refresh_partition_count(&self, consumer: &RequestConsumer) {
         let topic = &self.runtime.kafka.request_topic;
-        match consumer.fetch_metadata(Some(topic), BROKER_TIMEOUT) {
+        match consumer.fetch_metadata(Some(topic), Duration::from_secs(2)) {
             Ok(md) => match md.topics().iter().find(|t| t.name() == topic) {
                 Some(t) if !t.partitions().is_empty() => self
                     .ownership
@@ -457,6 +483,7 @@ impl LoopState {
         if events.is_empty() {
             return;
         }
+        self.metrics.readiness.set_assigned();
         for ev in events {
             let mut partitions = std::mem::take(&mut self.partitions);
             rebalance::apply(&mut partitions, ev, &self.metrics, |fresh| {

@@ -128,7 +128,12 @@ pub struct Tansu {
 impl Tansu {
     /// Starts the broker and creates `topics` (name, partitions).
     pub fn start(topics: &[(&str, u32)]) -> Tansu {
-        let port = free_port();
+        Tansu::start_on(free_port(), topics)
+    }
+
+    /// [`Tansu::start`] on a given port (a broker that comes up where a
+    /// client was already told to look).
+    pub fn start_on(port: u16, topics: &[(&str, u32)]) -> Tansu {
         let dir = std::env::temp_dir().join(format!("hermes-tansu-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
