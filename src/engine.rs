@@ -56,6 +56,13 @@ pub enum ApplyError {
         ahead_ms: i64,
         reference: &'static str,
     },
+    #[error("{field} is {value}, over the plausible {limit} (engine.{key})")]
+    Implausible {
+        field: &'static str,
+        value: i64,
+        limit: i64,
+        key: &'static str,
+    },
 }
 
 impl ApplyError {
@@ -66,6 +73,7 @@ impl ApplyError {
             ApplyError::GroupMismatch { .. } => "group_mismatch",
             ApplyError::TooLate { .. } => "too_late",
             ApplyError::FutureTimestamp { .. } => "future_timestamp",
+            ApplyError::Implausible { .. } => "implausible",
         }
     }
 }
@@ -382,6 +390,7 @@ impl Engine {
                 return Err(ApplyError::TooLate { lag_ms: w - t });
             }
         }
+        self.check_plausible(ev)?;
         self.check_clock(ev, reference)?;
         let ch = &self.channels[idx as usize];
         if ch.cfg.group != ev.route_group {
@@ -432,6 +441,51 @@ impl Engine {
             failures: n,
             probes: ch.probe_streak,
         })
+    }
+
+    /// Token counts and latencies within `engine.max_tokens_per_attempt` and
+    /// `engine.max_latency_ms`.
+    fn check_plausible(&self, ev: &RequestEvent<'_>) -> Result<(), ApplyError> {
+        let e = &self.cfg.engine;
+        let tokens = e.max_tokens_per_attempt as i64;
+        let latency = e.max_latency_ms as i64;
+        let checks = [
+            (
+                "input_tokens",
+                ev.input_tokens as i64,
+                tokens,
+                "max_tokens_per_attempt",
+            ),
+            (
+                "output_tokens",
+                ev.output_tokens as i64,
+                tokens,
+                "max_tokens_per_attempt",
+            ),
+            (
+                "latency_ms",
+                ev.latency_ms as i64,
+                latency,
+                "max_latency_ms",
+            ),
+            (
+                "ttfb_ms",
+                ev.ttfb_ms.unwrap_or(0) as i64,
+                latency,
+                "max_latency_ms",
+            ),
+        ];
+        for (field, value, limit, key) in checks {
+            if value > limit {
+                return Err(ApplyError::Implausible {
+                    field,
+                    value,
+                    limit,
+                    key,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The fast path (SPEC §5: N consecutive hard failures drain at once)
@@ -943,6 +997,34 @@ mod tests {
     use crate::state::TransitionReason;
 
     const T0: i64 = 1_764_000_000_000;
+
+    #[test]
+    fn implausible_sizes_and_latencies_are_refused_without_moving_anything() {
+        let mut e = engine();
+        let mut out = Vec::new();
+        e.apply(&ev("free-a", T0), &mut out).unwrap();
+        for (field, set) in [
+            (
+                "output_tokens",
+                (|x: &mut RequestEvent| x.output_tokens = 1_000_000_000) as fn(&mut RequestEvent),
+            ),
+            ("input_tokens", |x| x.input_tokens = 20_000_000),
+            ("latency_ms", |x| x.latency_ms = 7_200_000),
+            ("ttfb_ms", |x| x.ttfb_ms = Some(4_000_000)),
+        ] {
+            let mut x = ev("free-a", T0 + 1_000);
+            set(&mut x);
+            match e.apply(&x, &mut out) {
+                Err(err @ ApplyError::Implausible { field: f, .. }) => {
+                    assert_eq!(f, field);
+                    assert_eq!(err.kind(), "implausible");
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        assert_eq!(e.stats().applied, 1);
+        assert_eq!(e.watermark_ms(), Some(T0), "a refused event moves no clock");
+    }
 
     fn engine() -> Engine {
         Engine::new(Arc::new(Config::single_group(

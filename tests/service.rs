@@ -584,7 +584,10 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
                 registry.url
             ),
         )
-        .replace("idle_advance_ms = 3000", "idle_advance_ms = 600000");
+        .replace(
+            "idle_advance_ms = 3000",
+            "idle_advance_ms = 600000\nmax_record_bytes = 16384",
+        );
     let hermes = Hermes::start(&dir, "a", &cfg, port);
     let p = producer(&kafka.bootstrap());
     let mut enc = Encoder::default();
@@ -600,14 +603,26 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         enc.encode_plain(&ev, &mut buf).unwrap();
         // One garbage record of a rotating kind after every good one.
         let g: Vec<u8> = match i % 5 {
+            // Oversize: dead-lettered undecoded.
+            0 if (i / 5) % 4 == 0 => vec![(i & 0xff) as u8; 20_000],
             // Not Avro at all.
             0 => vec![0x7f, 0xff, (i & 0xff) as u8, 0x13, 0x37],
             // A good datum cut short.
             1 => buf[..buf.len() / 2].to_vec(),
-            // Decodes, but no such channel.
+            // Valid Avro, semantically wrong: no such channel, an empty
+            // channel id, a NaN cost, a billion output tokens. (Not an
+            // empty event id: a datum that starts with an empty string
+            // starts with byte 0, which is Confluent framing to a reader
+            // that accepts both.)
             2 => {
                 let id = format!("ghost-{i}");
-                let ev = event(&id, "no-such-channel", false, i);
+                let mut ev = event(&id, channel, false, i);
+                match (i / 5) % 4 {
+                    0 => ev.channel_id = "no-such-channel",
+                    1 => ev.channel_id = "",
+                    2 => ev.cost = f64::NAN,
+                    _ => ev.output_tokens = 1_000_000_000,
+                }
                 let mut b = Vec::new();
                 enc.encode_plain(&ev, &mut b).unwrap();
                 b
@@ -769,8 +784,11 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         payloads == garbage,
         "the original bytes of every garbage record"
     );
-    assert_eq!(kinds.get("unknown_channel"), Some(&2_000));
-    assert_eq!(kinds.get("invalid"), Some(&1_000));
+    assert_eq!(kinds.get("unknown_channel"), Some(&500));
+    assert_eq!(kinds.get("implausible"), Some(&500));
+    assert_eq!(kinds.get("oversize"), Some(&500));
+    // Negative latency, empty channel ids, NaN costs.
+    assert_eq!(kinds.get("invalid"), Some(&2_000));
     assert_eq!(kinds.get("future_timestamp"), Some(&1_000));
     assert_eq!(
         hermes.metric("hermes_events_too_late_total"),
@@ -779,7 +797,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     );
     // Half of the input is garbage: each reason crossed the dead-letter
     // share and raised one DECODE_ERROR_SPIKE (deduplicated per reason).
-    let spikes: BTreeMap<String, u64> = read_topic(&kafka.bootstrap(), "hermes.alerts", 6)
+    let spikes: BTreeMap<String, u64> = read_topic(&kafka.bootstrap(), "hermes.alerts", 8)
         .iter()
         .filter_map(|m| hermes::alert::AlertEvent::from_avro(m.payload()?).ok())
         .filter(|a| a.kind == hermes::alert::AlertKind::DecodeErrorSpike)
@@ -794,8 +812,10 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         reasons,
         [
             "future_timestamp",
+            "implausible",
             "invalid",
             "malformed",
+            "oversize",
             "truncated_datum",
             "unknown_channel",
             "unknown_schema_id"
@@ -803,7 +823,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     );
     assert_eq!(kinds.get("unknown_schema_id"), Some(&2_000));
     assert_eq!(kinds.get("truncated_datum"), Some(&2_000));
-    assert_eq!(kinds.get("malformed"), Some(&2_000));
+    assert_eq!(kinds.get("malformed"), Some(&1_500));
 
     // Hot reload: an invalid file is refused and the service keeps running;
     // a valid change is applied.

@@ -60,6 +60,15 @@ pub struct EngineConfig {
     pub silent_after_ms: i64,
     /// Quota forecasts look this far ahead (also the scheduler's horizon).
     pub quota_horizon_ms: i64,
+    /// An event claiming more input or output tokens than this is refused
+    /// as `implausible` (dead-lettered, never applied): no model reads or
+    /// writes ten million tokens in one attempt, and one such event would
+    /// dominate a channel's token and cost figures for a whole window.
+    pub max_tokens_per_attempt: u32,
+    /// An event claiming a longer latency (or time to first token) is
+    /// refused as `implausible`: a gateway times an attempt out long before
+    /// an hour, and one such value would be the channel's P99 for a window.
+    pub max_latency_ms: u32,
 }
 
 impl EngineConfig {
@@ -78,6 +87,8 @@ impl Default for EngineConfig {
             evaluation_interval_ms: 5_000,
             allowed_lateness_ms: 10_000,
             max_clock_skew_ms: None,
+            max_tokens_per_attempt: 10_000_000,
+            max_latency_ms: 3_600_000,
             clock_jump_events: 20,
             outcome_window: 100,
             tdigest_size: 100,
@@ -149,6 +160,12 @@ impl EngineConfig {
         }
         if self.clock_jump_events == 0 {
             v.push("engine.clock_jump_events", "must be at least 1");
+        }
+        if self.max_tokens_per_attempt == 0 {
+            v.push("engine.max_tokens_per_attempt", "must be at least 1");
+        }
+        if self.max_latency_ms == 0 {
+            v.push("engine.max_latency_ms", "must be at least 1");
         }
         if self.slice_ms > 0 {
             if self.short_window_ms % self.slice_ms != 0 {

@@ -142,6 +142,10 @@ pub struct ServiceConfig {
     /// event time to `wall clock - engine.allowed_lateness_ms`, so ticks,
     /// cool-downs and the silent-channel alarm still run.
     pub idle_advance_ms: i64,
+    /// A request record larger than this is dead-lettered as `oversize`
+    /// without being decoded: an event is a few hundred bytes, and a
+    /// multi-megabyte string in one would be copied and hashed for nothing.
+    pub max_record_bytes: u32,
 }
 
 impl Default for ServiceConfig {
@@ -153,6 +157,7 @@ impl Default for ServiceConfig {
             reload_check_ms: 5_000,
             http_listen: "127.0.0.1:9464".into(),
             idle_advance_ms: 5_000,
+            max_record_bytes: 65_536,
         }
     }
 }
@@ -166,6 +171,12 @@ impl ServiceConfig {
             ("idle_advance_ms", self.idle_advance_ms),
         ] {
             v.positive_ms(format!("service.{k}"), x);
+        }
+        if self.max_record_bytes < 1_024 {
+            v.push(
+                "service.max_record_bytes",
+                "must be at least 1024 (an event with long ids needs a few hundred bytes)",
+            );
         }
         if self.reload_check_ms < 0 {
             v.push("service.reload_check_ms", "must be >= 0 (0 turns it off)");

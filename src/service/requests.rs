@@ -503,12 +503,23 @@ impl LoopState {
     }
 
     /// Decodes a record, fetching an unknown writer schema from the registry
-    /// once (three tries) before decoding.
+    /// once (three tries) before decoding. A record over
+    /// `service.max_record_bytes` is refused without decoding.
     fn decode<'m>(
         &mut self,
         decoder: &Decoder,
         payload: &'m [u8],
     ) -> Result<RequestEvent<'m>, Refused> {
+        let max = self.runtime.service.max_record_bytes as usize;
+        if payload.len() > max {
+            return Err(Refused {
+                kind: "oversize",
+                reason: format!(
+                    "{} bytes, over service.max_record_bytes ({max})",
+                    payload.len()
+                ),
+            });
+        }
         let mut registry_error = None;
         if let (Some(reg), [0, a, b, c, d, ..]) = (self.registry.as_mut(), payload) {
             let id = u32::from_be_bytes([*a, *b, *c, *d]);
