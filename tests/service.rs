@@ -483,6 +483,8 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
 struct FakeRegistry {
     url: String,
     asked: Arc<Mutex<Vec<u32>>>,
+    /// While set, every request gets 503 (a registry outage).
+    down: Arc<AtomicBool>,
 }
 
 impl FakeRegistry {
@@ -494,17 +496,32 @@ impl FakeRegistry {
         let url = format!("http://{}", l.local_addr().unwrap());
         let asked = Arc::new(Mutex::new(Vec::new()));
         let a = asked.clone();
+        let down = Arc::new(AtomicBool::new(false));
+        let is_down = down.clone();
         std::thread::spawn(move || {
             for mut s in l.incoming().flatten() {
-                let mut buf = [0u8; 2048];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let req = String::from_utf8_lossy(&head).to_string();
                 let id: u32 = req
                     .split_whitespace()
                     .nth(1)
                     .and_then(|p| p.rsplit('/').next())
                     .and_then(|x| x.parse().ok())
                     .unwrap_or(0);
+                if is_down.load(Ordering::Relaxed) {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+                    );
+                    continue;
+                }
                 a.lock().unwrap().push(id);
                 let _ = if id == Self::KNOWN_ID {
                     let body = serde_json::json!({
@@ -520,7 +537,11 @@ impl FakeRegistry {
                 };
             }
         });
-        FakeRegistry { url, asked }
+        FakeRegistry { url, asked, down }
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
     }
 
     fn requests(&self) -> Vec<u32> {
@@ -580,7 +601,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         .replace(
             "session_timeout_ms = 6000",
             &format!(
-                "session_timeout_ms = 6000\nschema_registry_url = \"{}\"",
+                "session_timeout_ms = 6000\nschema_registry_url = \"{}\"\nschema_registry_missing_ttl_ms = 600000",
                 registry.url
             ),
         )
@@ -1170,4 +1191,94 @@ fn a_broker_that_comes_up_after_hermes_is_waited_for_and_readiness_says_why() {
     );
     drop(gw);
     hermes.kill();
+}
+
+/// SPEC §5a / issue #11: a Schema Registry outage delays, it never
+/// discards. Confluent-framed events whose schema id Hermes has not cached
+/// arrive while the registry answers 503 for 20 s: their partitions pause
+/// at the first such record (readiness says why), and once the registry is
+/// back every event is applied, none dead-lettered, none too late.
+#[test]
+fn a_schema_registry_outage_delays_framed_events_and_loses_none() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let registry = FakeRegistry::start();
+    registry.set_down(true);
+    let dir = dir();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000).replace(
+        "session_timeout_ms = 6000",
+        &format!(
+            "session_timeout_ms = 6000\nschema_registry_url = \"{}\"",
+            registry.url
+        ),
+    );
+    let hermes = Hermes::start(&dir, "r", &cfg, port);
+    let p = producer(&kafka.bootstrap());
+    let mut enc = Encoder::default();
+    let (framed, plain) = (600u64, 300u64);
+    for i in 0..framed + plain {
+        let (channel, partition) = CHANNELS[(i % 3) as usize];
+        let id = format!("ev-{i}");
+        let mut ev = event(&id, channel, false, i);
+        ev.event_time_ms = wall_ms();
+        let mut buf = Vec::new();
+        if i % 3 == 0 || i >= plain {
+            enc.encode_confluent(&ev, FakeRegistry::KNOWN_ID, &mut buf)
+                .unwrap();
+        } else {
+            enc.encode_plain(&ev, &mut buf).unwrap();
+        }
+        p.send(
+            BaseRecord::to("hermes.requests")
+                .key(channel)
+                .partition(partition)
+                .payload(&buf[..]),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(30), || {
+            hermes
+                .get("/readyz")
+                .is_some_and(|b| b.contains("schema_registry"))
+        })),
+        "readiness should name the registry:\n{:?}\n{}",
+        hermes.get("/readyz"),
+        hermes.log_tail()
+    );
+    std::thread::sleep(Duration::from_secs(15));
+    let applied = hermes.metric("hermes_events_applied_total").unwrap_or(0.0);
+    assert!(
+        applied < (framed + plain) as f64,
+        "the framed events waited ({applied} applied)"
+    );
+    assert_eq!(
+        hermes.metric("hermes_dead_letters_total"),
+        None,
+        "nothing dead-lettered while it was down"
+    );
+    registry.set_down(false);
+    wait_metric(
+        &hermes,
+        "hermes_events_applied_total",
+        (framed + plain) as f64,
+        Duration::from_secs(90),
+    );
+    assert_eq!(
+        hermes.metric("hermes_dead_letters_total"),
+        None,
+        "nothing dead-lettered after"
+    );
+    assert_eq!(hermes.metric("hermes_events_too_late_total"), Some(0.0));
+    assert_eq!(
+        registry.requests(),
+        vec![FakeRegistry::KNOWN_ID],
+        "asked once it answered, then cached"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -49,9 +49,19 @@ pub struct KafkaConfig {
     /// reads all of it; see `service::groups`).
     pub health_topic: String,
     pub session_timeout_ms: i64,
-    /// Schema Registry base URL (`http://host:port`) for Confluent-framed
-    /// records; empty: plain datums only.
+    /// Schema Registry base URL (`http://` or `https://host:port[/path]`)
+    /// for Confluent-framed records; empty: plain datums only.
     pub schema_registry_url: String,
+    /// Basic auth for the registry (Confluent Cloud: an API key and
+    /// secret). The password may come from `HERMES_SCHEMA_REGISTRY_PASSWORD`
+    /// instead of the file; it never appears in a log line.
+    pub schema_registry_username: String,
+    pub schema_registry_password: String,
+    /// A bearer token instead of basic auth (or `HERMES_SCHEMA_REGISTRY_TOKEN`).
+    pub schema_registry_token: String,
+    /// How long the registry's "no such schema" is believed before the id
+    /// is asked again (records with it are dead-lettered meanwhile).
+    pub schema_registry_missing_ttl_ms: i64,
     /// Extra librdkafka properties for every client (security settings).
     pub properties: BTreeMap<String, String>,
 }
@@ -67,6 +77,10 @@ impl Default for KafkaConfig {
             health_topic: "hermes.health".into(),
             session_timeout_ms: 10_000,
             schema_registry_url: String::new(),
+            schema_registry_username: String::new(),
+            schema_registry_password: String::new(),
+            schema_registry_token: String::new(),
+            schema_registry_missing_ttl_ms: 60_000,
             properties: BTreeMap::new(),
         }
     }
@@ -92,13 +106,23 @@ impl KafkaConfig {
             v.push("kafka.group_id", "must not be empty");
         }
         v.positive_ms("kafka.session_timeout_ms".into(), self.session_timeout_ms);
-        if !self.schema_registry_url.is_empty() && !self.schema_registry_url.starts_with("http://")
-        {
+        let url = &self.schema_registry_url;
+        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
             v.push(
                 "kafka.schema_registry_url",
-                "only http:// registries are supported (put TLS in a local proxy)",
+                "must be an http:// or https:// URL",
             );
         }
+        if !self.schema_registry_token.is_empty() && !self.schema_registry_username.is_empty() {
+            v.push(
+                "kafka.schema_registry_token",
+                "basic auth (schema_registry_username) or a bearer token, not both",
+            );
+        }
+        v.positive_ms(
+            "kafka.schema_registry_missing_ttl_ms".into(),
+            self.schema_registry_missing_ttl_ms,
+        );
         for k in self.properties.keys() {
             if matches!(
                 k.as_str(),

@@ -137,6 +137,9 @@ pub enum Dependency {
     HealthTopic,
     /// Redis, for snapshots and saved state.
     Redis,
+    /// The Schema Registry (a partition waits at a record it cannot decode
+    /// without it).
+    SchemaRegistry,
 }
 
 impl Dependency {
@@ -145,6 +148,7 @@ impl Dependency {
             Dependency::Kafka => "kafka",
             Dependency::HealthTopic => "health_topic",
             Dependency::Redis => "redis",
+            Dependency::SchemaRegistry => "schema_registry",
         }
     }
 }

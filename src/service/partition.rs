@@ -92,6 +92,19 @@ pub struct Partition {
     /// Held by this instance (an eager revocation deactivates every
     /// partition until the next assignment says which stay).
     pub active: bool,
+    /// Waiting at a record the schema registry must decode.
+    registry_wait: Option<RegistryWait>,
+}
+
+/// A partition paused at `offset` until `until`; `resumed` once reading
+/// again (then only `offset` itself is taken: anything fetched past it
+/// before the pause comes again after it).
+#[derive(Debug, Clone, Copy)]
+struct RegistryWait {
+    offset: i64,
+    until: Instant,
+    backoff: std::time::Duration,
+    resumed: bool,
 }
 
 impl Partition {
@@ -142,13 +155,45 @@ impl Partition {
             gate: ReportGate::default(),
             saved: restored,
             active: true,
+            registry_wait: None,
         }
     }
 
     /// Whether the record at `offset` is for this partition's engine: held,
     /// and not behind what it already read (a seek in flight).
     pub fn wants(&self, offset: i64) -> bool {
-        self.active && offset >= self.next_offset
+        let waiting = self
+            .registry_wait
+            .is_some_and(|w| !w.resumed || offset != w.offset);
+        self.active && offset >= self.next_offset && !waiting
+    }
+
+    /// Pauses at `offset` for the schema registry; the backoff (1 s,
+    /// doubling to 30 s while it stays down) is returned.
+    pub fn pause_at(&mut self, offset: i64) -> std::time::Duration {
+        use std::time::Duration;
+        let backoff = self.registry_wait.map_or(Duration::from_secs(1), |w| {
+            (w.backoff * 2).min(Duration::from_secs(30))
+        });
+        self.registry_wait = Some(RegistryWait {
+            offset,
+            until: Instant::now() + backoff,
+            backoff,
+            resumed: false,
+        });
+        backoff
+    }
+
+    /// Whether a registry pause is over (then it is marked resumed: the
+    /// caller resumes the partition).
+    pub fn resume_due(&mut self) -> bool {
+        match &mut self.registry_wait {
+            Some(w) if !w.resumed && Instant::now() >= w.until => {
+                w.resumed = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Below `resume_at`: handled by the previous owner.
@@ -238,6 +283,9 @@ impl Partition {
 
     /// The record at `offset` was handled (whatever became of it).
     pub fn handled(&mut self, offset: i64) {
+        if self.registry_wait.is_some_and(|w| w.offset == offset) {
+            self.registry_wait = None;
+        }
         self.next_offset = offset + 1;
         self.last_record = Instant::now();
     }

@@ -29,7 +29,7 @@
 use super::command::Command;
 use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
-use super::metrics::Metrics;
+use super::metrics::{Dependency, Metrics};
 use super::partition::{Applied, Outputs, Partition, Position, Refused};
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
@@ -41,6 +41,7 @@ use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,8 +130,11 @@ impl RequestLoop {
         consumer
             .subscribe(&[k.request_topic.as_str()])
             .context("subscribing to the request topic")?;
-        let registry =
-            (!k.schema_registry_url.is_empty()).then(|| Registry::new(&k.schema_registry_url));
+        let registry = if k.schema_registry_url.is_empty() {
+            None
+        } else {
+            Some(Registry::new(k)?)
+        };
         let dead_letters = crate::alert::DeadLetterRule::new(cfg.alerts.clone());
         let emitter = Emitter {
             runtime: parts.runtime.clone(),
@@ -173,6 +177,16 @@ impl RequestLoop {
 }
 
 type RequestConsumer = BaseConsumer<RequestContext>;
+
+/// A record read off the wire.
+enum Decoded<'m> {
+    Event(RequestEvent<'m>),
+    /// Not an event: dead-lettered with this kind and reason.
+    Refused(Refused),
+    /// Undecidable now (the schema registry could not be asked): the
+    /// partition waits at this record.
+    Wait(String),
+}
 
 /// Every output of the request loop leaves through here, with one policy by
 /// what the output is:
@@ -345,6 +359,7 @@ impl LoopState {
             .filter(|p| p.active && !p.caught_up())
             .count();
         self.metrics.readiness.set_catching_up(catching_up as u32);
+        self.resume_paused(consumer)?;
         if drained {
             self.advance_idle()?;
         }
@@ -505,14 +520,10 @@ impl LoopState {
     /// Decodes a record, fetching an unknown writer schema from the registry
     /// once (three tries) before decoding. A record over
     /// `service.max_record_bytes` is refused without decoding.
-    fn decode<'m>(
-        &mut self,
-        decoder: &Decoder,
-        payload: &'m [u8],
-    ) -> Result<RequestEvent<'m>, Refused> {
+    fn decode<'m>(&mut self, decoder: &Decoder, payload: &'m [u8]) -> Decoded<'m> {
         let max = self.runtime.service.max_record_bytes as usize;
         if payload.len() > max {
-            return Err(Refused {
+            return Decoded::Refused(Refused {
                 kind: "oversize",
                 reason: format!(
                     "{} bytes, over service.max_record_bytes ({max})",
@@ -520,22 +531,17 @@ impl LoopState {
                 ),
             });
         }
-        let mut registry_error = None;
         if let (Some(reg), [0, a, b, c, d, ..]) = (self.registry.as_mut(), payload) {
             let id = u32::from_be_bytes([*a, *b, *c, *d]);
             if reg.cache.writer_schema(id).is_none() {
-                for attempt in 1..=3 {
-                    match reg.fetch(id) {
-                        Ok(_) => {
-                            registry_error = None;
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::warn!(schema_id = id, attempt, error = %e, "schema registry");
-                            registry_error = Some(e);
-                            std::thread::sleep(Duration::from_millis(500));
-                        }
-                    }
+                let target = reg.url().to_string();
+                let answer = reg.fetch(id);
+                let problem = answer.as_ref().err().cloned();
+                self.metrics
+                    .readiness
+                    .set(Dependency::SchemaRegistry, &target, problem);
+                if let Err(e) = answer {
+                    return Decoded::Wait(format!("schema id {id}: {e}"));
                 }
             }
         }
@@ -543,18 +549,55 @@ impl LoopState {
             Some(r) => &r.cache,
             None => &NoRegistry,
         };
-        decoder
-            .decode(payload, lookup)
-            .map_err(|e| match (&e, registry_error) {
-                (crate::codec::CodecError::UnknownSchemaId { .. }, Some(re)) => Refused {
-                    kind: "schema_registry_unreachable",
-                    reason: format!("{e} ({re})"),
-                },
-                _ => Refused {
-                    kind: e.kind(),
-                    reason: e.to_string(),
-                },
-            })
+        match decoder.decode(payload, lookup) {
+            Ok(ev) => Decoded::Event(ev),
+            Err(e) => Decoded::Refused(Refused {
+                kind: e.kind(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// The registry could not be asked about record `offset` of `p`: the
+    /// partition pauses there (seeking back to it) and asks again after a
+    /// backoff. Nothing is dead-lettered and no offset is stored past it.
+    fn wait_for_registry(
+        &mut self,
+        consumer: &RequestConsumer,
+        p: i32,
+        offset: i64,
+        why: &str,
+    ) -> anyhow::Result<()> {
+        let topic = &self.runtime.kafka.request_topic;
+        let Some(part) = self.partitions.get_mut(&p) else {
+            return Ok(());
+        };
+        let backoff = part.pause_at(offset);
+        tracing::warn!(partition = p, offset, backoff_ms = backoff.as_millis() as u64, %why, "schema registry unavailable: partition paused at this record");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, p);
+        consumer
+            .pause(&tpl)
+            .context("pausing a partition for the schema registry")?;
+        consumer
+            .seek(topic, p, Offset::Offset(offset), Duration::from_secs(5))
+            .context("seeking back to the record the registry must decode")?;
+        Ok(())
+    }
+
+    /// Partitions paused for the registry whose backoff is over read on.
+    fn resume_paused(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        let topic = &self.runtime.kafka.request_topic;
+        for (p, part) in self.partitions.iter_mut() {
+            if part.resume_due() {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(topic, *p);
+                consumer
+                    .resume(&tpl)
+                    .context("resuming a partition after a registry pause")?;
+            }
+        }
+        Ok(())
     }
 
     fn handle_record(
@@ -576,12 +619,14 @@ impl LoopState {
         // dead-letter share both use it.
         let wall = crate::wall_clock::now_ms();
         let skew = self.cfg.engine.clock_skew_ms();
-        let verdict = self
-            .decode(decoder, m.payload().unwrap_or(&[]))
-            .and_then(|ev| {
+        let verdict = match self.decode(decoder, m.payload().unwrap_or(&[])) {
+            Decoded::Wait(why) => return self.wait_for_registry(consumer, p, offset, &why),
+            Decoded::Refused(r) => Err(r),
+            Decoded::Event(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
                 part.apply(&ev, offset, wall, skew)
-            });
+            }
+        };
         match &verdict {
             Ok(Applied::Applied { replayed: false }) => Metrics::inc(&self.metrics.events_applied),
             Ok(Applied::Applied { replayed: true }) => Metrics::inc(&self.metrics.events_replayed),
