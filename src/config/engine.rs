@@ -167,6 +167,27 @@ impl EngineConfig {
         if self.max_latency_ms == 0 {
             v.push("engine.max_latency_ms", "must be at least 1");
         }
+        self.validate_windows(v);
+        if self.outcome_window == 0 || self.outcome_window > 10_000 {
+            v.push("engine.outcome_window", "must be within 1..=10000");
+        }
+        if !(20..=1000).contains(&self.tdigest_size) {
+            v.push("engine.tdigest_size", "must be within 20..=1000");
+        }
+        if self.baseline_windows == 0 {
+            v.push("engine.baseline_windows", "must be at least 1");
+        }
+        if self.baseline_min_windows > self.baseline_windows {
+            v.push(
+                "engine.baseline_min_windows",
+                "must not exceed engine.baseline_windows",
+            );
+        }
+    }
+
+    /// The slice ring's shape: windows whole multiples of the slice, the
+    /// short inside the long, late events with a slice to land in.
+    fn validate_windows(&self, v: &mut Issues) {
         if self.slice_ms > 0 {
             if self.short_window_ms % self.slice_ms != 0 {
                 v.push(
@@ -197,21 +218,6 @@ impl EngineConfig {
             v.push(
                 "engine.short_window_ms",
                 "must not exceed engine.long_window_ms",
-            );
-        }
-        if self.outcome_window == 0 || self.outcome_window > 10_000 {
-            v.push("engine.outcome_window", "must be within 1..=10000");
-        }
-        if !(20..=1000).contains(&self.tdigest_size) {
-            v.push("engine.tdigest_size", "must be within 20..=1000");
-        }
-        if self.baseline_windows == 0 {
-            v.push("engine.baseline_windows", "must be at least 1");
-        }
-        if self.baseline_min_windows > self.baseline_windows {
-            v.push(
-                "engine.baseline_min_windows",
-                "must not exceed engine.baseline_windows",
             );
         }
     }
