@@ -29,10 +29,15 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Validate a config file; every problem is listed with the key at fault.
+    /// Validate a config file as `hermes run` would; every problem is
+    /// listed with the key at fault.
     CheckConfig {
         /// The TOML config file.
         file: PathBuf,
+        /// Only what the engine needs (a config for `simulate` or `replay`):
+        /// skip the checks only `hermes run` makes (brokers, Redis URL).
+        #[arg(long)]
+        engine_only: bool,
     },
     /// Run the whole loop on this machine with nothing installed: an
     /// in-process Kafka mock cluster, simulated gateways producing Avro
@@ -101,8 +106,18 @@ enum Command {
     },
 }
 
-fn check_config(file: &Path) -> anyhow::Result<ExitCode> {
-    match Config::from_file(file) {
+fn check_config(file: &Path, engine_only: bool) -> anyhow::Result<ExitCode> {
+    let checked = hermes::config::ConfigFile::from_file(file)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            if !engine_only {
+                hermes::service::check_runnable(&f.runtime).map_err(|e| {
+                    format!("{e} (--engine-only skips the checks only `hermes run` makes)")
+                })?;
+            }
+            Ok(f.policy)
+        });
+    match checked {
         Ok(cfg) => {
             let channels = cfg.channels().count();
             println!(
@@ -288,7 +303,7 @@ fn main() -> anyhow::Result<ExitCode> {
         .init();
     match &cli.command {
         Command::Run { config } => run(config),
-        Command::CheckConfig { file } => check_config(file),
+        Command::CheckConfig { file, engine_only } => check_config(file, *engine_only),
         Command::Demo {
             seconds,
             redis,

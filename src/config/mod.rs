@@ -154,11 +154,37 @@ impl ConfigFile {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let key = e
                 .span()
-                .map(|s| format!("line {}", text[..s.start].lines().count().max(1)))
+                .map(|s| locate(text, s.start))
                 .unwrap_or_else(|| "config".into());
             ConfigError::one(key, e.message().to_string())
         })?;
         Config::resolve(raw)
+    }
+}
+
+/// Where a parse error at byte `at` of `text` is, as a person looks for it:
+/// the section and key when the line has one, and the line number
+/// (`engine.slice_ms (line 12)`, `groups.channels.wat (line 7)`).
+fn locate(text: &str, at: usize) -> String {
+    let at = at.min(text.len());
+    let line_no = text[..at].matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+    let section = text
+        .lines()
+        .take(line_no)
+        .map(str::trim)
+        .filter(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+        .last();
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .filter(|k| !k.is_empty() && !k.starts_with('#'));
+    match (section, key) {
+        (Some(s), Some(k)) => format!("{s}.{k} (line {line_no})"),
+        (None, Some(k)) => format!("{k} (line {line_no})"),
+        (Some(s), None) => format!("[{s}] (line {line_no})"),
+        (None, None) => format!("line {line_no}"),
     }
 }
 

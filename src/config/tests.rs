@@ -187,3 +187,16 @@ fn recovery_schedule_must_reach_full_weight() {
     let joined = issues(&text).join("\n");
     assert!(joined.contains("recovery_steps: the last step must reach until = 1.0"));
 }
+
+#[test]
+fn parse_errors_name_the_section_the_key_and_its_line() {
+    let unknown = "[engine]\nslice_ms = 5000\nbogus_key = 3\n\n[[groups]]\nid = \"chat\"\n";
+    let e = Config::from_toml(unknown).unwrap_err().to_string();
+    assert!(e.contains("engine.bogus_key (line 3)"), "{e}");
+    let typed = "[engine]\nslice_ms = \"five\"\n";
+    let e = Config::from_toml(typed).unwrap_err().to_string();
+    assert!(e.contains("engine.slice_ms (line 2)"), "{e}");
+    let nested = "[[groups]]\nid = \"chat\"\n[[groups.channels]]\nid = \"a\"\ntier = \"free\"\ncapacity_rps = 10\nwat = 1\n";
+    let e = Config::from_toml(nested).unwrap_err().to_string();
+    assert!(e.contains("groups.channels.wat (line 7)"), "{e}");
+}
