@@ -301,7 +301,7 @@ impl Gateways {
         let buf = std::mem::take(&mut self.buf);
         self.send(&c.id, &buf, false);
         self.buf = buf;
-        if self.garbage_every > 0 && self.seq % self.garbage_every == 0 {
+        if self.garbage_every > 0 && self.seq.is_multiple_of(self.garbage_every) {
             let garbage = [0x7fu8, 0x01, 0x02, 0x03, (self.seq & 0xff) as u8];
             self.send(&c.id, &garbage, true);
         }

@@ -1113,7 +1113,11 @@ mod tests {
                 ("gw-c", 0),
             ] {
                 i += 1;
-                let ch = if i % 2 == 0 { "free-a" } else { "paid-a" };
+                let ch = if i.is_multiple_of(2) {
+                    "free-a"
+                } else {
+                    "paid-a"
+                };
                 match e.apply(&from(g, ch, t + skew), &mut out) {
                     Ok(()) => assert_ne!(g, "gw-fast", "a fast event was taken at {t}"),
                     Err(ApplyError::FutureTimestamp { .. }) => refused += 1,
