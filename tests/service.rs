@@ -1282,3 +1282,67 @@ fn a_schema_registry_outage_delays_framed_events_and_loses_none() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #14 item 5: missing topics are a reason on `/readyz` that names
+/// them, not a silent stall; with `kafka.create_topics = true` Hermes
+/// creates them and runs.
+#[test]
+fn missing_topics_are_named_and_created_when_asked() {
+    let _serial = serial();
+    let kafka = Tansu::start(&[]);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000);
+    let mut without = Hermes::start(&dir, "plain", &cfg, port);
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(30), || {
+            without.get("/readyz").is_some_and(|b| {
+                b.contains("missing topics")
+                    && [
+                        "hermes.requests",
+                        "hermes.alerts",
+                        "hermes.dead-letters",
+                        "hermes.health",
+                    ]
+                    .iter()
+                    .all(|t| b.contains(t))
+            })
+        })),
+        "readiness should name every missing topic:\n{:?}\n{}",
+        without.get("/readyz"),
+        without.log_tail()
+    );
+    without.kill();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000).replace(
+        "session_timeout_ms = 6000",
+        "session_timeout_ms = 6000\ncreate_topics = true\nrequest_partitions = 3\nreplication_factor = 1",
+    );
+    let creator = Hermes::start(&dir, "creator", &cfg, port);
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(90), || {
+            creator.get("/readyz").as_deref() == Some("ready\n")
+        })),
+        "not ready after creating the topics:\n{:?}\n{}",
+        creator.get("/readyz"),
+        creator.log_tail()
+    );
+    let log = std::fs::read_to_string(&creator.log).unwrap_or_default();
+    assert_eq!(
+        log.matches("topic created").count(),
+        4,
+        "the four topics created once:\n{}",
+        creator.log_tail()
+    );
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_metric_at_least(
+        &creator,
+        "hermes_events_consumed_total",
+        50.0,
+        Duration::from_secs(60),
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -62,6 +62,14 @@ pub struct KafkaConfig {
     /// How long the registry's "no such schema" is believed before the id
     /// is asked again (records with it are dead-lettered meanwhile).
     pub schema_registry_missing_ttl_ms: i64,
+    /// Create missing topics at start (off: most clusters create topics
+    /// with their own tooling; `/readyz` names the missing ones either way).
+    pub create_topics: bool,
+    /// Partitions of the request topic when Hermes creates it (the
+    /// parallelism of the consumer group); the others get 3.
+    pub request_partitions: i32,
+    /// Replication factor of created topics; -1: the broker's default.
+    pub replication_factor: i32,
     /// Extra librdkafka properties for every client (security settings).
     pub properties: BTreeMap<String, String>,
 }
@@ -81,6 +89,9 @@ impl Default for KafkaConfig {
             schema_registry_password: String::new(),
             schema_registry_token: String::new(),
             schema_registry_missing_ttl_ms: 60_000,
+            create_topics: false,
+            request_partitions: 12,
+            replication_factor: -1,
             properties: BTreeMap::new(),
         }
     }
@@ -117,6 +128,15 @@ impl KafkaConfig {
             v.push(
                 "kafka.schema_registry_token",
                 "basic auth (schema_registry_username) or a bearer token, not both",
+            );
+        }
+        if self.request_partitions < 1 {
+            v.push("kafka.request_partitions", "must be at least 1");
+        }
+        if self.replication_factor == 0 || self.replication_factor < -1 {
+            v.push(
+                "kafka.replication_factor",
+                "must be at least 1, or -1 for the broker's default",
             );
         }
         v.positive_ms(

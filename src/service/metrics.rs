@@ -140,6 +140,8 @@ pub enum Dependency {
     /// The Schema Registry (a partition waits at a record it cannot decode
     /// without it).
     SchemaRegistry,
+    /// Hermes' four topics exist.
+    Topics,
 }
 
 impl Dependency {
@@ -149,6 +151,7 @@ impl Dependency {
             Dependency::HealthTopic => "health_topic",
             Dependency::Redis => "redis",
             Dependency::SchemaRegistry => "schema_registry",
+            Dependency::Topics => "topics",
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod rebalance;
 pub mod registry;
 pub mod requests;
 pub mod state_store;
+pub mod topics;
 
 use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;
@@ -168,6 +169,11 @@ impl Service {
             tracing::info!(listen = %listen, "serving /metrics and /status");
             tasks.push(tokio::spawn(metrics::serve(l, metrics.clone())));
         }
+        tasks.push(tokio::spawn(topics::ensure(
+            runtime.kafka.clone(),
+            metrics.clone(),
+            stop.clone(),
+        )));
         if let Some(path) = config_path {
             tasks.push(tokio::spawn(watch_config(
                 path,

@@ -125,6 +125,9 @@ impl RequestLoop {
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("client.id", &parts.instance)
             .set("statistics.interval.ms", "1000")
+            // A topic created after start (kafka.create_topics, or an
+            // operator) is noticed within seconds, not the default 5 min.
+            .set("topic.metadata.refresh.interval.ms", "5000")
             .create_with_context(ctx)
             .context("creating the request consumer")?;
         consumer
