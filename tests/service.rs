@@ -551,6 +551,29 @@ impl FakeRegistry {
     }
 }
 
+/// Produces one hand-made record to the request topic, waiting while the
+/// producer's local queue is full.
+fn send_request(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    channel: &str,
+    partition: i32,
+    payload: &[u8],
+) {
+    let mut rec = BaseRecord::to("hermes.requests")
+        .key(channel)
+        .partition(partition)
+        .payload(payload);
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((_, r)) => {
+                rec = r;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
 /// A bare producer for hand-made records.
 fn producer(brokers: &str) -> ThreadedProducer<DefaultProducerContext> {
     ClientConfig::new()
@@ -675,20 +698,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
             }
         };
         for payload in [&buf, &g] {
-            let rec = BaseRecord::to("hermes.requests")
-                .key(channel)
-                .partition(partition)
-                .payload(&payload[..]);
-            let mut rec = rec;
-            loop {
-                match p.send(rec) {
-                    Ok(()) => break,
-                    Err((_, r)) => {
-                        rec = r;
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            }
+            send_request(&p, channel, partition, payload);
         }
         garbage.push(g);
         good_sent.push(buf);
@@ -707,31 +717,13 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
             &mut buf,
         )
         .unwrap();
-        let mut rec = BaseRecord::to("hermes.requests")
-            .key(channel)
-            .partition(partition)
-            .payload(&buf[..]);
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    rec = r;
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-        }
+        send_request(&p, channel, partition, &buf);
     }
     // The same events again: ignored by event id, neither applied nor
     // dead-lettered.
     for (i, buf) in good_sent.iter().take(dups as usize).enumerate() {
         let (channel, partition) = CHANNELS[i % 3];
-        p.send(
-            BaseRecord::to("hermes.requests")
-                .key(channel)
-                .partition(partition)
-                .payload(&buf[..]),
-        )
-        .unwrap();
+        send_request(&p, channel, partition, buf);
     }
     p.flush(Duration::from_secs(30)).unwrap();
 
@@ -1230,13 +1222,7 @@ fn a_schema_registry_outage_delays_framed_events_and_loses_none() {
         } else {
             enc.encode_plain(&ev, &mut buf).unwrap();
         }
-        p.send(
-            BaseRecord::to("hermes.requests")
-                .key(channel)
-                .partition(partition)
-                .payload(&buf[..]),
-        )
-        .unwrap();
+        send_request(&p, channel, partition, &buf);
         std::thread::sleep(Duration::from_millis(5));
     }
     p.flush(Duration::from_secs(30)).unwrap();

@@ -180,6 +180,8 @@ struct GroupWriters {
     metrics: Arc<Metrics>,
     /// The OVERRIDE alerts of operator commands carried out here.
     rules: AlertRules,
+    /// Redis as readiness names it (password redacted).
+    redis_target: String,
 }
 
 impl GroupWriters {
@@ -266,10 +268,11 @@ impl GroupWriters {
 
     /// Redis readiness from the last write or epoch take.
     fn redis_state(&self, problem: Option<String>) {
-        let target = crate::publish::redact_url(&self.runtime.redis.url);
-        self.metrics
-            .readiness
-            .set(super::metrics::Dependency::Redis, &target, problem);
+        self.metrics.readiness.set(
+            super::metrics::Dependency::Redis,
+            &self.redis_target,
+            problem,
+        );
     }
 
     /// Takes the group's writer epoch (above every stored one) and learns
@@ -432,6 +435,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
     let mut writers = GroupWriters {
         planner: GroupPlanner::new(cfg.clone()),
         rules: AlertRules::new(cfg.alerts.clone()),
+        redis_target: crate::publish::redact_url(&runtime.redis.url),
         cfg,
         runtime,
         writers: BTreeMap::new(),

@@ -224,16 +224,8 @@ impl Partition {
         }
     }
 
-    pub fn caught_up_at(&self) -> Option<i64> {
-        self.caught_up_at
-    }
-
     pub fn next_offset(&self) -> i64 {
         self.next_offset
-    }
-
-    pub fn engine(&self) -> &Engine {
-        &self.engine
     }
 
     /// A reloaded config (see `Engine::reconfigure` for what it refuses).

@@ -43,7 +43,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -347,9 +347,10 @@ impl LoopState {
     /// unknown (no group is written until it is), and idle partitions.
     fn housekeeping(&mut self, consumer: &RequestConsumer, drained: bool) -> anyhow::Result<()> {
         self.reload_config();
+        // One copy of librdkafka's fetch reports per round, for both uses.
         let known = lock(&self.shared).high_watermarks.clone();
         for (p, part) in self.partitions.iter_mut() {
-            if let (None, Some((high, _))) = (part.caught_up_at(), known.get(p)) {
+            if let Some((high, _)) = known.get(p) {
                 part.learn_high_watermark(*high);
             }
         }
@@ -364,7 +365,7 @@ impl LoopState {
         self.metrics.readiness.set_catching_up(catching_up as u32);
         self.resume_paused(consumer)?;
         if drained {
-            self.advance_idle()?;
+            self.advance_idle(&known)?;
         }
         Ok(())
     }
@@ -671,10 +672,9 @@ impl LoopState {
     /// proof of idleness either: the partition waits. The report comes from
     /// the statistics callback (`statistics.interval.ms`), so the check asks
     /// the broker nothing.
-    fn advance_idle(&mut self) -> anyhow::Result<()> {
+    fn advance_idle(&mut self, known: &HashMap<i32, (i64, Instant)>) -> anyhow::Result<()> {
         let idle = Duration::from_millis(self.runtime.service.idle_advance_ms as u64);
         let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
-        let known = lock(&self.shared).high_watermarks.clone();
         for (p, part) in self.partitions.iter_mut() {
             let due = part.active
                 && part.caught_up()
