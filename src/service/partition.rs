@@ -81,6 +81,11 @@ pub struct Partition {
     resume_at: i64,
     caught_up_at: Option<i64>,
     next_offset: i64,
+    /// The record handled last was a replay (below `resume_at`): the
+    /// alerts it raised were the previous owner's to produce. Taken by the
+    /// next [`Partition::outputs`]. Needed for the record at
+    /// `resume_at - 1`, after which `next_offset` alone reads as live.
+    replayed_last: bool,
     replay_floor_ms: i64,
     pub last_record: Instant,
     /// When the loop last asked whether this partition is really idle.
@@ -149,6 +154,7 @@ impl Partition {
             resume_at: pos.resume_at,
             caught_up_at: pos.caught_up_at,
             next_offset: pos.start,
+            replayed_last: false,
             replay_floor_ms: pos.replay_floor_ms,
             last_record: Instant::now(),
             last_idle_check: Instant::now(),
@@ -202,7 +208,7 @@ impl Partition {
     }
 
     fn replaying(&self) -> bool {
-        self.replays(self.next_offset)
+        self.replayed_last || self.replays(self.next_offset)
     }
 
     /// Past the high watermark seen at assignment (never while it is not
@@ -279,6 +285,7 @@ impl Partition {
             self.registry_wait = None;
         }
         self.next_offset = offset + 1;
+        self.replayed_last = self.replays(offset);
         self.last_record = Instant::now();
     }
 
@@ -316,6 +323,7 @@ impl Partition {
     /// for a report that carries a state change.
     pub fn outputs(&mut self, instance: &str, wall_ms: impl FnOnce() -> i64) -> Outputs {
         let replaying = self.replaying();
+        self.replayed_last = false;
         let due = self.gate.due(&self.engine, &self.alerts);
         let mut out = Outputs::default();
         if replaying {
@@ -442,6 +450,44 @@ mod tests {
         let out = p.outputs("i", || 0);
         assert_eq!(out.alerts.len(), 1);
         assert_eq!(out.alerts[0].kind, AlertKind::Override);
+    }
+
+    /// Healthy paid-a traffic at offsets 0..20, then failures of free-a
+    /// from offset 20: the fast path drains it at offset 23 (four in a row,
+    /// `single_group`'s policy). Returns the alerts produced when the
+    /// partition resumes live at `resume_at`.
+    fn drain_alerts(resume_at: i64) -> Vec<AlertEvent> {
+        let mut p = partition(resume_at);
+        let t = 1_764_000_000_000;
+        let ids: Vec<String> = (0..25).map(|i| format!("e{i}")).collect();
+        let mut alerts = Vec::new();
+        for (o, id) in ids.iter().enumerate() {
+            let mut e = event("paid-a", t + o as i64 * 10, "");
+            e.event_id = id;
+            if o >= 20 {
+                e.channel_id = "free-a";
+                e.error_class = crate::event::ErrorClass::ServerError;
+                e.http_status = 503;
+            }
+            p.apply(&e, o as i64, t, 60_000).unwrap();
+            p.handled(o as i64);
+            alerts.extend(p.outputs("i", || 0).alerts);
+        }
+        alerts
+    }
+
+    #[test]
+    fn the_last_record_the_previous_owner_handled_raises_no_alert_again() {
+        let drained = |a: &[AlertEvent]| a.iter().any(|a| a.kind == AlertKind::Transition);
+        let live = drain_alerts(23);
+        assert!(
+            drained(&live),
+            "offset 23 is live: the drain is produced: {live:?}"
+        );
+        assert!(
+            !drained(&drain_alerts(24)),
+            "offset 23 = resume_at - 1 was the previous owner's: its drain was produced there"
+        );
     }
 
     #[test]

@@ -375,18 +375,13 @@ impl LoopState {
     /// nobody writes yet) and is retried at the next housekeeping round.
     fn refresh_partition_count(&self, consumer: &RequestConsumer) {
         let topic = &self.runtime.kafka.request_topic;
-        match consumer.fetch_metadata(Some(topic), Duration::from_secs(2)) {
-            Ok(md) => match md.topics().iter().find(|t| t.name() == topic) {
-                Some(t) if !t.partitions().is_empty() => self
-                    .ownership
-                    .request_partitions
-                    .store(t.partitions().len() as u32, Ordering::Relaxed),
-                _ => {
-                    tracing::warn!(%topic, "request topic has no partitions in the metadata; retrying")
-                }
-            },
-            Err(e) => {
-                tracing::warn!(%topic, error = %e, "request topic metadata unavailable; retrying")
+        match partition_count(consumer, topic) {
+            Ok(n) => self
+                .ownership
+                .request_partitions
+                .store(n, Ordering::Relaxed),
+            Err(why) => {
+                tracing::warn!(%topic, %why, "request topic partition count unknown; retrying")
             }
         }
     }
@@ -675,35 +670,166 @@ impl LoopState {
     fn advance_idle(&mut self, known: &HashMap<i32, (i64, Instant)>) -> anyhow::Result<()> {
         let idle = Duration::from_millis(self.runtime.service.idle_advance_ms as u64);
         let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
-        for (p, part) in self.partitions.iter_mut() {
-            let due = part.active
-                && part.caught_up()
-                && part.last_record.elapsed() >= idle
-                && part.last_idle_check.elapsed() >= idle;
-            if !due {
-                continue;
+        let emitter = &self.emitter;
+        advance_idle(
+            &mut self.partitions,
+            known,
+            idle,
+            to,
+            &self.instance,
+            |out| emitter.outputs(out),
+        )
+    }
+}
+
+/// The idle advance over `partitions`, with the outputs handed to `emit`.
+/// An output `emit` refuses stops the advance and is returned: what an idle
+/// step produced (a cool-down's alert) is never dropped on the floor.
+fn advance_idle(
+    partitions: &mut BTreeMap<i32, Partition>,
+    known: &HashMap<i32, (i64, Instant)>,
+    idle: Duration,
+    to: i64,
+    instance: &str,
+    mut emit: impl FnMut(Outputs) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    for (p, part) in partitions.iter_mut() {
+        let due = part.active
+            && part.caught_up()
+            && part.last_record.elapsed() >= idle
+            && part.last_idle_check.elapsed() >= idle;
+        if !due {
+            continue;
+        }
+        part.last_idle_check = Instant::now();
+        match known.get(p) {
+            // Reported since the last record came, and nothing past it.
+            Some((high, at)) if *at > part.last_record && *high <= part.next_offset() => {
+                part.advance_to(to);
+                emit(part.outputs(instance, crate::wall_clock::now_ms))?;
             }
-            part.last_idle_check = Instant::now();
-            match known.get(p) {
-                // Reported since the last record came, and nothing past it.
-                Some((high, at)) if *at > part.last_record && *high <= part.next_offset() => {
-                    part.advance_to(to);
-                    let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
-                    self.emitter.outputs(out)?;
-                }
-                Some((high, _)) => {
-                    tracing::debug!(
-                        partition = p,
-                        high,
-                        next = part.next_offset(),
-                        "not idle yet: event time waits"
-                    );
-                }
-                None => {
-                    tracing::debug!(partition = p, "no fetch report yet: event time waits");
-                }
+            Some((high, _)) => {
+                tracing::debug!(
+                    partition = p,
+                    high,
+                    next = part.next_offset(),
+                    "not idle yet: event time waits"
+                );
+            }
+            None => {
+                tracing::debug!(partition = p, "no fetch report yet: event time waits");
             }
         }
-        Ok(())
+    }
+    Ok(())
+}
+
+/// The request topic's partition count from the broker's metadata: `Err`
+/// (with why) when the fetch fails or the topic has no partitions yet.
+fn partition_count<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> Result<u32, String> {
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(2))
+        .map_err(|e| format!("metadata unavailable: {e}"))?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        return Err("the topic is not in the metadata".into());
+    };
+    match t.error() {
+        Some(e) => Err(format!("{e:?}")),
+        None if t.partitions().is_empty() => Err("no partitions in the metadata".into()),
+        None => Ok(t.partitions().len() as u32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::tests::sample_event;
+    use crate::config::Tier;
+
+    fn partition() -> Partition {
+        let cfg = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        ));
+        let pos = Position {
+            resume_at: 0,
+            caught_up_at: Some(0),
+            start: 0,
+            replay_floor_ms: 0,
+        };
+        Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, 60_000)
+    }
+
+    /// A partition whose free channel was drained by five failures, then
+    /// read nothing for a while: the idle advance past its cool-down has
+    /// an alert to emit.
+    fn drained_and_idle(t0: i64) -> (BTreeMap<i32, Partition>, HashMap<i32, (i64, Instant)>) {
+        let mut p = partition();
+        let ids: Vec<String> = (0..5).map(|i| format!("e{i}")).collect();
+        for (offset, id) in ids.iter().enumerate() {
+            let mut e = sample_event();
+            e.channel_id = "free-a";
+            e.event_id = id;
+            e.event_time_ms = t0 + offset as i64 * 10;
+            e.error_class = crate::event::ErrorClass::ServerError;
+            e.http_status = 503;
+            p.apply(&e, offset as i64, e.event_time_ms, 60_000).unwrap();
+            p.handled(offset as i64);
+        }
+        let _ = p.outputs("test", || t0);
+        p.last_record = Instant::now() - Duration::from_secs(10);
+        p.last_idle_check = p.last_record;
+        let known = HashMap::from([(0, (p.next_offset(), Instant::now()))]);
+        (BTreeMap::from([(0, p)]), known)
+    }
+
+    #[test]
+    fn an_idle_step_whose_alert_cannot_leave_stops_the_loop() {
+        let t0 = 1_764_000_000_000;
+        let (mut parts, known) = drained_and_idle(t0);
+        let mut alerts = Vec::new();
+        let idle = Duration::from_secs(1);
+        let to = t0 + 10 * 60_000;
+        advance_idle(&mut parts, &known, idle, to, "test", |out| {
+            alerts.extend(out.alerts);
+            Ok(())
+        })
+        .unwrap();
+        assert!(
+            !alerts.is_empty(),
+            "the cool-down should have produced an alert"
+        );
+
+        let (mut parts, known) = drained_and_idle(t0);
+        let mut offered = 0;
+        let refused = advance_idle(&mut parts, &known, idle, to, "test", |out| {
+            offered += out.alerts.len();
+            anyhow::bail!("alert produce failed")
+        });
+        assert!(offered > 0);
+        assert!(
+            refused.is_err(),
+            "an alert the producer refused must stop the loop, not vanish"
+        );
+    }
+
+    #[test]
+    fn the_partition_count_is_an_error_until_the_topic_exists() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .unwrap();
+        let missing = partition_count(&consumer, "requests");
+        assert!(missing.is_err(), "{missing:?}");
+        cluster.create_topic("requests", 3, 1).unwrap();
+        assert_eq!(partition_count(&consumer, "requests"), Ok(3));
     }
 }
