@@ -51,9 +51,12 @@
 //!   the group writers, the state store, the registry client, metrics.
 //! - `demo`: the service on the in-process Kafka mock cluster with
 //!   simulated gateways.
+//! - `bench`: `hermes bench`, the request path at steady state (decode,
+//!   dedup, engine, outputs) with windows full, for capacity planning.
 //! - `main.rs`: the CLI.
 
 pub mod alert;
+pub mod bench;
 pub mod board;
 pub mod client;
 pub mod clock;

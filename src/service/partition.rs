@@ -295,6 +295,11 @@ impl Partition {
         self.alerts.push(alert);
     }
 
+    /// Evaluation ticks the engine has run (per channel evaluated).
+    pub fn evaluations(&self) -> u64 {
+        self.engine.stats().evaluations
+    }
+
     /// Moves event time to `to_ms` (an idle partition). Nothing before the
     /// first event: there is no clock to move yet.
     pub fn advance_to(&mut self, to_ms: i64) {

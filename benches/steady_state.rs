@@ -1,0 +1,78 @@
+//! The request path at steady state (windows full), the figures a capacity
+//! plan needs: `hermes::bench` (also `hermes bench`) for 1 k, 10 k and 50 k
+//! channels at 20 events/s each, uniform and skewed (Zipf: the busiest 1 %
+//! of channels carry about half the traffic).
+//!
+//! `cargo bench --bench steady_state` runs 1 k and 10 k (about four
+//! minutes); `HERMES_BENCH_CHANNELS=1000,10000,50000` picks the sizes (50 k
+//! warms up 300 M events: about half an hour on one core).
+//! Each run is its own process (this binary again, with `--one`), so the
+//! resident memory one run freed never flatters the next one's figure.
+//! Prints one table line per run, and the JSON objects.
+
+use hermes::bench::{run, BenchOptions, BenchReport, Mix};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--one") {
+        let channels = args[i + 1].parse().expect("channels");
+        let mix = if args[i + 2] == "skewed" {
+            Mix::Skewed
+        } else {
+            Mix::Uniform
+        };
+        let opts = BenchOptions {
+            channels,
+            rate: 20.0,
+            seconds: 30,
+            warmup_seconds: None,
+            mix,
+            seed: 1,
+        };
+        let r = run(&opts).expect("bench run");
+        println!("{}", serde_json::to_string(&r).expect("json"));
+        return;
+    }
+    // `cargo test --benches` runs this binary without `--bench`: skip.
+    if !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let sizes: Vec<usize> = std::env::var("HERMES_BENCH_CHANNELS")
+        .unwrap_or_else(|_| "1000,10000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    println!("{}", BenchReport::HEADER);
+    let mut lines = Vec::new();
+    for &channels in &sizes {
+        for mix in ["uniform", "skewed"] {
+            let out = std::process::Command::new(std::env::current_exe().expect("self"))
+                .args(["--one", &channels.to_string(), mix])
+                .output()
+                .expect("running one bench");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let json = String::from_utf8(out.stdout).expect("utf-8");
+            let r: serde_json::Value = serde_json::from_str(json.trim()).expect("json");
+            println!(
+                "{:>7} {:<7} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1}",
+                r["channels"],
+                mix,
+                r["rate_per_channel"].as_f64().unwrap_or(0.0),
+                r["events_per_s"].as_f64().unwrap_or(0.0),
+                r["ns_per_event"].as_f64().unwrap_or(0.0),
+                r["decode_only_events_per_s"].as_f64().unwrap_or(0.0),
+                r["ratio_to_decode"].as_f64().unwrap_or(0.0),
+                r["bytes_per_channel"],
+                r["max_pause_ms"].as_f64().unwrap_or(0.0),
+            );
+            lines.push(json);
+        }
+    }
+    for l in lines {
+        print!("{l}");
+    }
+}

@@ -1,0 +1,376 @@
+//! `hermes bench`: what the request path costs at steady state, for
+//! capacity planning.
+//!
+//! It runs what `hermes run` runs per record, minus Kafka: decode (plain
+//! Avro), then one [`Partition`] (dedup, engine, outputs), one partition
+//! holding every channel, on one thread. Traffic is `rate` events per second
+//! per channel on average (uniform, or skewed so that a few channels carry
+//! most of it), stamped in event time.
+//!
+//! Steady state means windows full: the run first warms up for the long
+//! window (default 300 s of event time, not timed, events applied without
+//! the Avro round trip), then measures `seconds` of event time. Each second
+//! of events is encoded untimed, decoded alone (timed: the decode-only
+//! figure), then decoded and applied (timed: the request path). The longest
+//! pause is the slowest batch of [`PAUSE_BATCH`] records (an evaluation
+//! tick lands inside one). Memory is the resident set size that the
+//! partition added, from `/proc/self/statm` (Linux; `None` elsewhere), so
+//! freed-but-kept allocator memory counts, as it does for a capacity plan.
+
+use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
+use crate::config::{Config, Tier};
+use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use crate::service::partition::{Partition, Position};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records per timed batch when looking for the longest pause.
+pub const PAUSE_BATCH: usize = 64;
+/// Channels per route group.
+const GROUP_SIZE: usize = 10;
+/// First event time of a run.
+const T0: i64 = 1_764_000_000_000;
+
+/// How a run's traffic is spread over its channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mix {
+    /// Every channel the same rate.
+    Uniform,
+    /// Zipf (s = 1) over the channels: the busiest 1 % carry about half.
+    Skewed,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub channels: usize,
+    /// Mean events per second per channel.
+    pub rate: f64,
+    /// Event-time seconds measured after the warm-up.
+    pub seconds: u64,
+    /// Event-time seconds of warm-up; `None`: the long window.
+    pub warmup_seconds: Option<u64>,
+    pub mix: Mix,
+    pub seed: u64,
+}
+
+/// One run's figures (`hermes bench --json` prints this object).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    pub channels: usize,
+    pub mix: Mix,
+    pub rate_per_channel: f64,
+    pub warmup_seconds: u64,
+    pub seconds: u64,
+    /// Events decoded and applied in the measured part.
+    pub events: u64,
+    /// Decode + dedup + engine + outputs, per wall second.
+    pub events_per_s: f64,
+    pub ns_per_event: f64,
+    /// Decode alone, same events, same run.
+    pub decode_only_events_per_s: f64,
+    /// `events_per_s / decode_only_events_per_s`.
+    pub ratio_to_decode: f64,
+    /// Resident memory the partition added, per channel, at the end.
+    pub bytes_per_channel: Option<u64>,
+    /// The slowest batch of `PAUSE_BATCH` records, in ms.
+    pub max_pause_ms: f64,
+    /// Evaluation ticks run in the measured part.
+    pub evaluations: u64,
+}
+
+/// A config of `channels` channels in groups of ten (a third free).
+pub fn config(channels: usize) -> Config {
+    let mut text = String::new();
+    for g in 0..channels.div_ceil(GROUP_SIZE) {
+        text.push_str(&format!("[[groups]]\nid = \"g{g}\"\n"));
+        for c in 0..GROUP_SIZE.min(channels - g * GROUP_SIZE) {
+            let tier = if c % 3 == 0 { Tier::Free } else { Tier::Paid };
+            text.push_str(&format!(
+                "[[groups.channels]]\nid = \"ch-{g}-{c}\"\ntier = \"{}\"\nprice_per_1k_tokens = {}\ncapacity_rps = 1000.0\n",
+                tier.as_str(),
+                if tier == Tier::Free { 0.0 } else { 0.5 }
+            ));
+        }
+    }
+    Config::from_toml(&text).expect("the bench config is valid")
+}
+
+/// xorshift64: the same traffic for the same seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Picks the channel of each event.
+struct Channels {
+    ids: Vec<(String, String)>,
+    /// Skewed mix: cumulative Zipf weights.
+    cumulative: Option<Vec<f64>>,
+}
+
+impl Channels {
+    fn new(n: usize, mix: Mix) -> Channels {
+        let ids = (0..n)
+            .map(|i| {
+                let g = i / GROUP_SIZE;
+                (format!("ch-{g}-{}", i % GROUP_SIZE), format!("g{g}"))
+            })
+            .collect();
+        let cumulative = (mix == Mix::Skewed).then(|| {
+            let mut acc = 0.0;
+            (0..n)
+                .map(|i| {
+                    acc += 1.0 / (i as f64 + 1.0);
+                    acc
+                })
+                .collect()
+        });
+        Channels { ids, cumulative }
+    }
+
+    fn pick(&self, i: usize, r: u64) -> &(String, String) {
+        match &self.cumulative {
+            // Every channel in turn: each gets exactly its share.
+            None => &self.ids[i % self.ids.len()],
+            Some(c) => {
+                let total = c[c.len() - 1];
+                let x = (r >> 11) as f64 / (1u64 << 53) as f64 * total;
+                &self.ids[c.partition_point(|v| *v < x).min(c.len() - 1)]
+            }
+        }
+    }
+}
+
+/// One second of traffic, built from owned strings the events borrow.
+struct Second {
+    ids: Vec<String>,
+    picks: Vec<usize>,
+    draws: Vec<u64>,
+    start_ms: i64,
+}
+
+struct Traffic {
+    channels: Channels,
+    rng: Rng,
+    per_second: usize,
+    next_id: u64,
+}
+
+impl Traffic {
+    fn second(&mut self, s: u64) -> Second {
+        let n = self.per_second;
+        let mut out = Second {
+            ids: Vec::with_capacity(n),
+            picks: Vec::with_capacity(n),
+            draws: Vec::with_capacity(n),
+            start_ms: T0 + s as i64 * 1000,
+        };
+        for i in 0..n {
+            let r = self.rng.next();
+            out.ids.push(format!("e{}", self.next_id));
+            self.next_id += 1;
+            out.picks.push(i);
+            out.draws.push(r);
+        }
+        out
+    }
+
+    /// The `i`-th event of `sec`: mostly healthy, 2 % server errors, 1 %
+    /// probes, some retries, long inputs and truncations.
+    fn event<'a>(&'a self, sec: &'a Second, i: usize) -> RequestEvent<'a> {
+        let r = sec.draws[i];
+        let (channel, group) = self.channels.pick(sec.picks[i], r);
+        let failed = r % 50 == 7;
+        RequestEvent {
+            event_id: &sec.ids[i],
+            event_time_ms: sec.start_ms + (i * 1000 / self.per_second) as i64,
+            gateway_id: "gw-1",
+            channel_id: channel,
+            route_group: group,
+            model: "m",
+            traffic_class: TrafficClass::ALL[(r >> 8) as usize % 4],
+            attempt: r.is_multiple_of(40) as i32,
+            http_status: if failed { 503 } else { 200 },
+            error_class: if failed {
+                ErrorClass::ServerError
+            } else {
+                ErrorClass::None
+            },
+            latency_ms: 200 + ((r >> 16) % 1800) as i32,
+            ttfb_ms: Some(80 + ((r >> 24) % 300) as i32),
+            input_tokens: ((r >> 32) % 6000) as i32,
+            output_tokens: 300 + ((r >> 40) % 400) as i32,
+            finish_reason: FinishReason::Stop,
+            truncated: r.is_multiple_of(97),
+            schema_valid: None,
+            replacement_chars: 0,
+            is_probe: r % 100 == 3,
+            cost: 0.001,
+            quota_remaining: None,
+            trace_id: None,
+            dispatch: Dispatch::Sent,
+        }
+    }
+}
+
+/// Resident set size in bytes (Linux).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// The encoded records of one second, back to back.
+struct Encoded {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Encoded {
+    fn records(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let r = &self.bytes[start..end];
+            start = end;
+            r
+        })
+    }
+}
+
+/// Runs one benchmark.
+pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    anyhow::ensure!(opts.channels > 0, "--channels must be at least 1");
+    anyhow::ensure!(
+        opts.rate > 0.0 && opts.rate.is_finite(),
+        "--rate must be positive"
+    );
+    anyhow::ensure!(opts.seconds > 0, "--seconds must be at least 1");
+    let cfg = Arc::new(config(opts.channels));
+    let warmup = opts
+        .warmup_seconds
+        .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
+    let per_second = ((opts.channels as f64 * opts.rate).round() as usize).max(1);
+    let mut traffic = Traffic {
+        channels: Channels::new(opts.channels, opts.mix),
+        rng: Rng(opts.seed | 1),
+        per_second,
+        next_id: 0,
+    };
+    let mut encoder = Encoder::default();
+    let mut encoded = Encoded {
+        bytes: Vec::with_capacity(per_second * 160),
+        ends: Vec::with_capacity(per_second),
+    };
+    let before = rss_bytes();
+    let pos = Position {
+        resume_at: 0,
+        caught_up_at: Some(0),
+        start: 0,
+        replay_floor_ms: 0,
+    };
+    let skew = cfg.engine.clock_skew_ms();
+    let dedup_ms = cfg.engine.long_window_ms + cfg.engine.allowed_lateness_ms;
+    let mut part = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, dedup_ms);
+    let mut offset = 0i64;
+    for s in 0..warmup {
+        let sec = traffic.second(s);
+        for i in 0..per_second {
+            let ev = traffic.event(&sec, i);
+            let wall = ev.event_time_ms;
+            let _ = part.apply(&ev, offset, wall, skew);
+            part.handled(offset);
+            let _ = part.outputs("bench", || wall);
+            offset += 1;
+        }
+    }
+    let decoder = Decoder::new(WireFormat::Plain);
+    let evaluations_before = part.evaluations();
+    let (mut apply_time, mut decode_time) = (Duration::ZERO, Duration::ZERO);
+    let mut max_pause = Duration::ZERO;
+    let mut events = 0u64;
+    for s in warmup..warmup + opts.seconds {
+        let sec = traffic.second(s);
+        encoded.bytes.clear();
+        encoded.ends.clear();
+        for i in 0..per_second {
+            encoder.encode_plain(&traffic.event(&sec, i), &mut encoded.bytes)?;
+            encoded.ends.push(encoded.bytes.len());
+        }
+        let started = Instant::now();
+        let mut decoded = 0usize;
+        for rec in encoded.records() {
+            decoded += decoder.decode(rec, &NoRegistry).is_ok() as usize;
+        }
+        decode_time += started.elapsed();
+        anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
+        let records: Vec<&[u8]> = encoded.records().collect();
+        for batch in records.chunks(PAUSE_BATCH) {
+            let started = Instant::now();
+            for rec in batch {
+                let Ok(ev) = decoder.decode(rec, &NoRegistry) else {
+                    continue;
+                };
+                let wall = ev.event_time_ms;
+                let _ = part.apply(&ev, offset, wall, skew);
+                part.handled(offset);
+                let _ = part.outputs("bench", || wall);
+                offset += 1;
+            }
+            let took = started.elapsed();
+            apply_time += took;
+            max_pause = max_pause.max(took);
+        }
+        events += per_second as u64;
+    }
+    let after = rss_bytes();
+    let per_s = |d: Duration| events as f64 / d.as_secs_f64().max(1e-9);
+    let events_per_s = per_s(apply_time);
+    let decode_only = per_s(decode_time);
+    Ok(BenchReport {
+        channels: opts.channels,
+        mix: opts.mix,
+        rate_per_channel: opts.rate,
+        warmup_seconds: warmup,
+        seconds: opts.seconds,
+        events,
+        events_per_s,
+        ns_per_event: apply_time.as_nanos() as f64 / events.max(1) as f64,
+        decode_only_events_per_s: decode_only,
+        ratio_to_decode: events_per_s / decode_only,
+        bytes_per_channel: before
+            .zip(after)
+            .map(|(b, a)| a.saturating_sub(b) / opts.channels as u64),
+        max_pause_ms: max_pause.as_secs_f64() * 1000.0,
+        evaluations: part.evaluations() - evaluations_before,
+    })
+}
+
+impl BenchReport {
+    /// One line for a table.
+    pub fn line(&self) -> String {
+        format!(
+            "{:>7} {:<7} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1}",
+            self.channels,
+            format!("{:?}", self.mix).to_lowercase(),
+            self.rate_per_channel,
+            self.events_per_s,
+            self.ns_per_event,
+            self.decode_only_events_per_s,
+            self.ratio_to_decode,
+            self.bytes_per_channel
+                .map_or("-".to_string(), |b| b.to_string()),
+            self.max_pause_ms,
+        )
+    }
+
+    pub const HEADER: &'static str =
+        "channels mix     rate/ch    events/s    ns/ev  decode-only/s  ratio  B/channel  pause ms";
+}
