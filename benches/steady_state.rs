@@ -28,6 +28,7 @@ fn main() {
             warmup_seconds: None,
             mix,
             seed: 1,
+            base_config: None,
         };
         let r = run(&opts).expect("bench run");
         println!("{}", serde_json::to_string(&r).expect("json"));

@@ -53,6 +53,9 @@ pub struct BenchOptions {
     pub warmup_seconds: Option<u64>,
     pub mix: Mix,
     pub seed: u64,
+    /// A config file's text whose policy (`[engine]`, `[policy]`, ...) the
+    /// run uses instead of the defaults; its groups are replaced.
+    pub base_config: Option<String>,
 }
 
 /// One run's figures (`hermes bench --json` prints this object).
@@ -74,15 +77,28 @@ pub struct BenchReport {
     pub ratio_to_decode: f64,
     /// Resident memory the partition added, per channel, at the end.
     pub bytes_per_channel: Option<u64>,
+    /// Resident memory per configured channel of a partition that never
+    /// sees its events.
+    pub idle_bytes_per_channel: Option<u64>,
     /// The slowest batch of `PAUSE_BATCH` records, in ms.
     pub max_pause_ms: f64,
     /// Evaluation ticks run in the measured part.
     pub evaluations: u64,
 }
 
-/// A config of `channels` channels in groups of ten (a third free).
-pub fn config(channels: usize) -> Config {
-    let mut text = String::new();
+/// A config of `channels` channels in groups of ten (a third free), with
+/// the policy of `base` (a config file's text: its `groups` are replaced),
+/// or the defaults.
+pub fn config(channels: usize, base: Option<&str>) -> anyhow::Result<Config> {
+    let mut text = match base {
+        Some(b) => {
+            let mut table: toml::Table = toml::from_str(b)?;
+            table.remove("groups");
+            toml::to_string(&table)?
+        }
+        None => String::new(),
+    };
+    text.push('\n');
     for g in 0..channels.div_ceil(GROUP_SIZE) {
         text.push_str(&format!("[[groups]]\nid = \"g{g}\"\n"));
         for c in 0..GROUP_SIZE.min(channels - g * GROUP_SIZE) {
@@ -94,7 +110,7 @@ pub fn config(channels: usize) -> Config {
             ));
         }
     }
-    Config::from_toml(&text).expect("the bench config is valid")
+    Ok(Config::from_toml(&text)?)
 }
 
 /// xorshift64: the same traffic for the same seed.
@@ -253,7 +269,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         "--rate must be positive"
     );
     anyhow::ensure!(opts.seconds > 0, "--seconds must be at least 1");
-    let cfg = Arc::new(config(opts.channels));
+    let cfg = Arc::new(config(opts.channels, opts.base_config.as_deref())?);
     let warmup = opts
         .warmup_seconds
         .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
@@ -269,7 +285,6 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         bytes: Vec::with_capacity(per_second * 160),
         ends: Vec::with_capacity(per_second),
     };
-    let before = rss_bytes();
     let pos = Position {
         resume_at: 0,
         caught_up_at: Some(0),
@@ -277,7 +292,17 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         replay_floor_ms: 0,
     };
     let skew = cfg.engine.clock_skew_ms();
-    let dedup_ms = cfg.engine.long_window_ms + cfg.engine.allowed_lateness_ms;
+    // The service's default duplicate horizon (`service.dedup_horizon_ms`).
+    let dedup_ms = crate::config::ServiceConfig::default().dedup_horizon_ms;
+    // What a partition costs for configured channels whose events go to
+    // other partitions (it never sees them).
+    let before = rss_bytes();
+    let idle = Partition::rebuild(1, cfg.clone(), pos, &BTreeMap::new(), i64::MAX, dedup_ms);
+    let idle_bytes = rss_bytes()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(b) / opts.channels as u64);
+    drop(idle);
+    let before = rss_bytes();
     let mut part = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, dedup_ms);
     let mut offset = 0i64;
     for s in 0..warmup {
@@ -348,6 +373,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         bytes_per_channel: before
             .zip(after)
             .map(|(b, a)| a.saturating_sub(b) / opts.channels as u64),
+        idle_bytes_per_channel: idle_bytes,
         max_pause_ms: max_pause.as_secs_f64() * 1000.0,
         evaluations: part.evaluations() - evaluations_before,
     })

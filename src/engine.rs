@@ -117,6 +117,8 @@ struct ChannelRuntime {
     /// The configured quota's use in the current period, for gateways that
     /// do not report `quota_remaining`.
     quota: QuotaUse,
+    /// In [`Engine::touched`] already.
+    touched: bool,
 }
 
 /// Attempts counted against a channel's configured `quota` per period
@@ -191,6 +193,7 @@ impl ChannelRuntime {
             next_baseline_ms: None,
             frozen_until_ms: None,
             quota: QuotaUse::default(),
+            touched: false,
         }
     }
 
@@ -214,6 +217,13 @@ pub struct Engine {
     evaluate_unseen: bool,
     /// Per group (config order): the correlated-failure memory.
     safety: Vec<GroupSafety>,
+    /// Per group: its channels.
+    group_channels: Vec<Vec<usize>>,
+    /// Per phase of the evaluation interval: the groups evaluated then
+    /// (group `i` in phase `i % engine.evaluation_phases`).
+    phases: Vec<Vec<usize>>,
+    /// Channels evaluated or changed since [`Engine::take_touched`].
+    touched: Vec<ChannelIdx>,
     /// A candidate jump of the watermark, waiting for corroboration.
     jump: crate::clock::JumpGuard,
 }
@@ -249,13 +259,23 @@ impl Engine {
         let e = &cfg.engine;
         let mut channels = Vec::new();
         let mut by_id = ahash::AHashMap::new();
+        let mut group_channels = vec![Vec::new(); cfg.groups.len()];
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
                 by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
+                group_channels[gi].push(channels.len());
                 channels.push(ChannelRuntime::new(c, gi, e));
             }
         }
+        let mut phases = vec![Vec::new(); e.evaluation_phases.max(1) as usize];
+        let n = phases.len();
+        for gi in 0..cfg.groups.len() {
+            phases[gi % n].push(gi);
+        }
         Engine {
+            group_channels,
+            phases,
+            touched: Vec::new(),
             evaluate_unseen,
             safety: vec![GroupSafety::default(); cfg.groups.len()],
             jump: crate::clock::JumpGuard::default(),
@@ -533,11 +553,12 @@ impl Engine {
             return;
         }
         let interval = self.cfg.engine.evaluation_interval_ms;
+        let step = self.phase_step_ms();
         if self.first_event_ms.is_none() {
             self.first_event_ms = Some(now_ms);
-            // First tick on the grid after the first event.
+            // First phase on the grid after the first event.
             self.next_eval_ms =
-                Some((now_ms.div_euclid(interval).saturating_add(1)).saturating_mul(interval));
+                Some((now_ms.div_euclid(step).saturating_add(1)).saturating_mul(step));
         }
         // After a gap longer than the long view every window is empty: only
         // its last long view is evaluated, so a jump of any length (an
@@ -551,8 +572,9 @@ impl Engine {
         }
         while let Some(tick) = self.next_eval_ms.filter(|t| *t <= now_ms) {
             self.watermark_ms = Some(tick);
-            self.evaluate_all(tick, out);
-            self.next_eval_ms = Some(tick.saturating_add(interval));
+            let phase = tick.div_euclid(step).rem_euclid(self.phases.len() as i64) as usize;
+            self.evaluate_phase(phase, tick, out);
+            self.next_eval_ms = Some(tick.saturating_add(step));
             if tick == i64::MAX {
                 break;
             }
@@ -560,23 +582,57 @@ impl Engine {
         self.watermark_ms = Some(now_ms);
     }
 
-    /// One evaluation tick at `now`, in three steps: measure and score every
-    /// channel; judge each route group as a whole (`safety`); then step each
-    /// channel's state machine and run the alert rules.
-    fn evaluate_all(&mut self, now: i64, out: &mut Vec<AlertEvent>) {
-        let mut due = Vec::with_capacity(self.channels.len());
-        for idx in 0..self.channels.len() {
-            if !self.evaluate_unseen && self.channels[idx].last_event_ms.is_none() {
-                continue;
-            }
+    /// Time between two phases of the evaluation interval.
+    fn phase_step_ms(&self) -> i64 {
+        (self.cfg.engine.evaluation_interval_ms / self.phases.len() as i64).max(1)
+    }
+
+    /// One phase of the evaluation interval at `now`: the groups of that
+    /// phase, in three steps: measure and score each channel; judge each
+    /// group as a whole (`safety`); then step each channel's state machine
+    /// and run the alert rules. A group is evaluated once per interval, in
+    /// its own phase, so the work of an interval is spread across it
+    /// instead of landing at one instant.
+    fn evaluate_phase(&mut self, phase: usize, now: i64, out: &mut Vec<AlertEvent>) {
+        if self.phases[phase].is_empty() {
+            return;
+        }
+        let groups = std::mem::take(&mut self.phases[phase]);
+        let mut due = Vec::new();
+        for &gi in &groups {
+            due.extend(self.group_channels[gi].iter().filter(|&&idx| {
+                self.evaluate_unseen || self.channels[idx].last_event_ms.is_some()
+            }));
+        }
+        for &idx in &due {
             self.stats.evaluations += 1;
             self.measure_channel(idx, now);
-            due.push(idx);
         }
-        self.judge_groups(now, &due, out);
-        for idx in due {
+        self.judge_groups(now, &groups, &due, out);
+        for &idx in &due {
             self.step_channel(idx, now, out);
+            self.touch(idx as ChannelIdx);
         }
+        self.phases[phase] = groups;
+    }
+
+    /// Marks a channel as evaluated or changed (see [`Engine::take_touched`]).
+    fn touch(&mut self, idx: ChannelIdx) {
+        let ch = &mut self.channels[idx as usize];
+        if !ch.touched {
+            ch.touched = true;
+            self.touched.push(idx);
+        }
+    }
+
+    /// The channels evaluated or changed since the last call, in the order
+    /// they were first touched: what a caller that reports incrementally
+    /// has to report.
+    pub fn take_touched(&mut self) -> Vec<ChannelIdx> {
+        for &idx in &self.touched {
+            self.channels[idx as usize].touched = false;
+        }
+        std::mem::take(&mut self.touched)
     }
 
     /// Signals, score, and the baseline (which learns once per short window,
@@ -634,35 +690,39 @@ impl Engine {
 
     /// SPEC §5a: is a group's failure correlated? On entering panic, the
     /// channels the common cause drained are let back and one P1 is raised.
-    fn judge_groups(&mut self, now: i64, due: &[usize], out: &mut Vec<AlertEvent>) {
+    fn judge_groups(
+        &mut self,
+        now: i64,
+        groups: &[usize],
+        due: &[usize],
+        out: &mut Vec<AlertEvent>,
+    ) {
         let window_ms = self.cfg.safety.correlation_window_ms;
-        // One pass over the evaluated channels, grouped (not one per group).
         // The share is of the group's whole capacity: a partition engine
         // that carries two of a group's ten channels must not call the
         // group down when those two fail. Channels this engine does not
         // evaluate count as not bad here; the group writer judges again
         // with every channel's report.
-        let mut peers: Vec<Vec<PeerHealth>> = vec![Vec::new(); self.safety.len()];
-        let mut evaluated = vec![false; self.channels.len()];
-        for &i in due {
-            evaluated[i] = true;
-        }
-        for (i, ch) in self.channels.iter().enumerate() {
-            peers[ch.group_idx].push(PeerHealth {
-                capacity_rps: ch.cfg.capacity_rps,
-                bad: evaluated[i]
-                    && crate::safety::is_bad(
-                        ch.score.map(|s| s.value),
-                        ch.cfg.policy.states.at_risk_enter,
-                        ch.machine.incident_since_ms(),
-                        now,
-                        window_ms,
-                    ),
-                pinned: ch.machine.pin().is_some(),
-            });
-        }
-        for (gi, peers) in peers.iter().enumerate() {
-            let Some(change) = self.safety[gi].update(now, peers, &self.cfg.safety) else {
+        let mut peers: Vec<PeerHealth> = Vec::new();
+        for &gi in groups {
+            peers.clear();
+            for &i in &self.group_channels[gi] {
+                let ch = &self.channels[i];
+                let evaluated = self.evaluate_unseen || ch.last_event_ms.is_some();
+                peers.push(PeerHealth {
+                    capacity_rps: ch.cfg.capacity_rps,
+                    bad: evaluated
+                        && crate::safety::is_bad(
+                            ch.score.map(|s| s.value),
+                            ch.cfg.policy.states.at_risk_enter,
+                            ch.machine.incident_since_ms(),
+                            now,
+                            window_ms,
+                        ),
+                    pinned: ch.machine.pin().is_some(),
+                });
+            }
+            let Some(change) = self.safety[gi].update(now, &peers, &self.cfg.safety) else {
                 continue;
             };
             let group = self.cfg.groups[gi].id.clone();
@@ -806,6 +866,9 @@ impl Engine {
                 self.rules
                     .on_change(&who, c, ch.score.as_ref(), &ch.signals),
             );
+        }
+        if !changes.is_empty() {
+            self.touch(idx);
         }
     }
 
@@ -1493,6 +1556,58 @@ mod tests {
         let mut x = ev("paid-a", T0);
         x.route_group = "other";
         assert_eq!(e.apply(&x, &mut out).unwrap_err().kind(), "group_mismatch");
+    }
+
+    /// Two groups, `phases` phases: which channels each phase evaluates.
+    fn phased(phases: u32) -> Vec<(i64, Vec<String>)> {
+        let mut cfg = Config::from_toml(
+            "[[groups]]\nid = \"a\"\n[[groups.channels]]\nid = \"a1\"\ntier = \"free\"\n\
+             price_per_1k_tokens = 0.0\ncapacity_rps = 10.0\n\
+             [[groups]]\nid = \"b\"\n[[groups.channels]]\nid = \"b1\"\ntier = \"free\"\n\
+             price_per_1k_tokens = 0.0\ncapacity_rps = 10.0\n",
+        )
+        .unwrap();
+        cfg.engine.evaluation_phases = phases;
+        let mut e = Engine::new(Arc::new(cfg));
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        let mut x = ev("a1", T0);
+        x.route_group = "a";
+        e.apply(&x, &mut out).unwrap();
+        e.take_touched();
+        for t in (T0 + 1..T0 + 10_001).step_by(50) {
+            e.advance_to(t, &mut out);
+            let touched: Vec<String> = e
+                .take_touched()
+                .into_iter()
+                .map(|i| e.health(i).id)
+                .collect();
+            if !touched.is_empty() {
+                seen.push((t - T0, touched));
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn each_group_is_evaluated_once_per_interval_in_its_own_phase() {
+        // The interval is 5 s; 50 phases are 100 ms apart. Group a (index
+        // 0) is evaluated at the interval's start, b (index 1) one phase
+        // later; sampled every 50 ms from T0 + 1.
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            phased(50),
+            vec![
+                (101, names(&["b1"])),
+                (5_001, names(&["a1"])),
+                (5_101, names(&["b1"])),
+            ]
+        );
+        assert_eq!(
+            phased(1),
+            vec![(5_001, names(&["a1", "b1"]))],
+            "one phase: every group at the interval's start"
+        );
     }
 
     #[test]

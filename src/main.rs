@@ -128,6 +128,10 @@ enum Command {
         skewed: bool,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Use this config's policy (`[engine]` and the rest; its groups
+        /// are replaced by the generated ones) instead of the defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -376,9 +380,18 @@ fn main() -> anyhow::Result<ExitCode> {
             warmup,
             skewed,
             seed,
+            config,
             json,
         } => {
+            let base_config = match config {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                ),
+                None => None,
+            };
             let opts = hermes::bench::BenchOptions {
+                base_config,
                 channels: *channels,
                 rate: *rate,
                 seconds: *seconds,

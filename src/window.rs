@@ -16,12 +16,16 @@
 //! another slice, and before any query), so slices hold bare centroids.
 //!
 //! # Memory per channel
-//! Counters: ~200 B per slice. Digests: at most `tdigest_size` centroids of
-//! 16 B each, five per slice; staging: 5 × 128 f64 = 5 KB. With the defaults
-//! (60 slices, size 100) the worst case is 60 × 5 × 1.6 KB + 5 KB ≈ 485 KB;
-//! a channel at a few requests per slice holds only as many centroids as
-//! values, a few KB. The outcome window is `outcome_window` bytes, the
-//! baseline 16 B per point.
+//! Nothing until the channel's first event (a configured channel whose
+//! events go to another partition costs about 2.5 KB, its engine state).
+//! Then counters: ~200 B per slice. Digests: at most `slice_tdigest_size`
+//! centroids of 16 B each, five per slice; staging: 5 × 128 f64 = 5 KB. A
+//! view merges its slices' centroids and compresses them to `tdigest_size`
+//! (tails stay sharp: the t-digest scale keeps the outer centroids small).
+//! With the defaults (60 slices, slice size 25) the worst case is
+//! 60 × 5 × 400 B + 60 × 700 B + 5 KB ≈ 170 KB; `hermes bench` measures
+//! what a channel really holds. The outcome window is `outcome_window`
+//! bytes, the baseline 16 B per point.
 
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
@@ -227,7 +231,6 @@ impl MergedView {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        self.max_size = self.max_size.max(d.max_size());
     }
 
     fn finish(self) -> Option<TDigest> {
@@ -260,7 +263,12 @@ pub struct ViewCounters {
 /// The time-sliced ring of one channel.
 pub struct SliceRing {
     slice_ms: i64,
+    /// Empty until the first event, then `len` slots.
     slices: Vec<Slice>,
+    len: usize,
+    /// Compression of slice digests, and of a view's.
+    tdigest_size: usize,
+    view_size: usize,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
     /// from the ~1 KB slices so that the per-tick range scans touch one
     /// compact array, not a cache line per slot.
@@ -287,7 +295,10 @@ pub struct SliceRing {
 pub struct RingShape {
     pub slice_ms: i64,
     pub slices: usize,
+    /// Compression of a view's merged digest.
     pub tdigest_size: u32,
+    /// Compression of each slice's digests.
+    pub slice_tdigest_size: u32,
     pub long_input_tokens: u32,
     pub short_output_tokens: u32,
     pub slow_request_ms: u32,
@@ -295,11 +306,16 @@ pub struct RingShape {
 
 impl SliceRing {
     pub fn new(cfg: RingShape) -> SliceRing {
-        let size = cfg.tdigest_size as usize;
+        let size = cfg.slice_tdigest_size as usize;
         SliceRing {
             slice_ms: cfg.slice_ms,
-            slices: vec![Slice::empty(size); cfg.slices],
-            indices: vec![i64::MIN; cfg.slices],
+            // Allocated at the first event (`slot_for`): a configured
+            // channel whose events never come here costs next to nothing.
+            slices: Vec::new(),
+            indices: Vec::new(),
+            len: cfg.slices,
+            tdigest_size: size,
+            view_size: cfg.tdigest_size as usize,
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
             stage: (i64::MIN, 0),
@@ -311,7 +327,7 @@ impl SliceRing {
     }
 
     fn slot(&self, index: i64) -> usize {
-        index.rem_euclid(self.slices.len() as i64) as usize
+        index.rem_euclid(self.len as i64) as usize
     }
 
     /// Slice number of an event time.
@@ -322,6 +338,10 @@ impl SliceRing {
     /// The slot of the slice holding event time `t`, recycled if it held an
     /// older slice; `None` if `t` is older than the ring.
     fn slot_for(&mut self, t: i64) -> Option<usize> {
+        if self.slices.is_empty() {
+            self.slices = vec![Slice::empty(self.tdigest_size); self.len];
+            self.indices = vec![i64::MIN; self.len];
+        }
         let (index, slot) = if t >= self.last.1 && t - self.last.1 < self.slice_ms {
             (self.last.0, self.last.2)
         } else {
@@ -338,8 +358,7 @@ impl SliceRing {
             if self.indices[slot] > index {
                 return None;
             }
-            let size = self.slices[slot].latency_short.max_size();
-            self.slices[slot] = Slice::empty(size);
+            self.slices[slot] = Slice::empty(self.tdigest_size);
             self.indices[slot] = index;
         }
         Some(slot)
@@ -466,7 +485,10 @@ impl SliceRing {
         let (first, last) = self.range(now_ms, window_ms, not_before_ms);
         // Gather the view's centroids and build one digest: no per-slice
         // clones (this runs for every channel on every evaluation tick).
-        let mut merged = MergedView::default();
+        let mut merged = MergedView {
+            max_size: self.view_size,
+            ..MergedView::default()
+        };
         for (s, &index) in self.slices.iter().zip(&self.indices) {
             if index < first || index > last {
                 continue;

@@ -200,3 +200,20 @@ fn parse_errors_name_the_section_the_key_and_its_line() {
     let e = Config::from_toml(nested).unwrap_err().to_string();
     assert!(e.contains("groups.channels.wat (line 7)"), "{e}");
 }
+
+#[test]
+fn slice_digests_and_evaluation_phases_are_validated() {
+    for (engine, key) in [
+        ("evaluation_phases = 0", "engine.evaluation_phases"),
+        ("evaluation_phases = 3", "engine.evaluation_phases"),
+        ("slice_tdigest_size = 5", "engine.slice_tdigest_size"),
+        ("slice_tdigest_size = 200", "engine.slice_tdigest_size"),
+    ] {
+        let text = format!("{MINIMAL}\n[engine]\n{engine}\n");
+        let e = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(e.contains(key), "{engine}: {e}");
+    }
+    let ok = format!("{MINIMAL}\n[engine]\nevaluation_phases = 10\nslice_tdigest_size = 100\n");
+    let cfg = Config::from_toml(&ok).unwrap();
+    assert_eq!(cfg.engine.evaluation_phases, 10);
+}

@@ -14,7 +14,7 @@ use crate::alert::AlertEvent;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{ApplyError, ChannelIdx, Engine};
+use crate::engine::{ApplyError, Engine};
 use crate::event::RequestEvent;
 use crate::health::HealthReport;
 use crate::state::{Pin, StateMachine};
@@ -321,14 +321,18 @@ impl Partition {
         self.engine.pin(channel, pin, now, &mut self.alerts)
     }
 
-    /// What the engine produced since the last call. Alerts always; after an
-    /// evaluation tick, or a state change between ticks (a drain must reach
-    /// gateways in well under a second), also state saves, gauges and,
-    /// once caught up, the health reports. `wall_ms` reads the wall clock
+    /// What the engine produced since the last call. Alerts always; for the
+    /// channels evaluated (a phase of the interval) or changed between
+    /// phases (a drain must reach gateways in well under a second) since
+    /// then, also state saves, gauges and, once caught up, health reports. `wall_ms` reads the wall clock
     /// for a report that carries a state change.
     pub fn outputs(&mut self, instance: &str, wall_ms: impl FnOnce() -> i64) -> Outputs {
         let replaying = self.replaying();
         self.replayed_last = false;
+        // Only what was evaluated or changed since the last call: a phase
+        // of the interval evaluates a few groups, and a change between
+        // phases one channel (the board keeps the rest).
+        let touched = self.engine.take_touched();
         let due = self.gate.due(&self.engine, &self.alerts);
         let mut out = Outputs::default();
         if replaying {
@@ -340,7 +344,7 @@ impl Partition {
             return out;
         };
         let mut healths = Vec::new();
-        for idx in 0..self.engine.channel_count() as ChannelIdx {
+        for idx in touched {
             if !self.engine.has_events(idx) {
                 continue;
             }
