@@ -237,6 +237,36 @@ impl Traffic {
     }
 }
 
+/// The traffic of a run, second by second, as encoded records: calls
+/// `each(channel_id, record)` for every event of `seconds` seconds of event
+/// time from the run's start (what the end-to-end benchmark produces to a
+/// topic, keyed by channel as gateways do).
+pub fn encoded_traffic(
+    opts: &BenchOptions,
+    seconds: u64,
+    mut each: impl FnMut(&str, &[u8]),
+) -> anyhow::Result<()> {
+    let per_second = ((opts.channels as f64 * opts.rate).round() as usize).max(1);
+    let mut traffic = Traffic {
+        channels: Channels::new(opts.channels, opts.mix),
+        rng: Rng(opts.seed | 1),
+        per_second,
+        next_id: 0,
+    };
+    let mut encoder = Encoder::default();
+    let mut buf = Vec::with_capacity(256);
+    for s in 0..seconds {
+        let sec = traffic.second(s);
+        for i in 0..per_second {
+            let ev = traffic.event(&sec, i);
+            buf.clear();
+            encoder.encode_plain(&ev, &mut buf)?;
+            each(ev.channel_id, &buf);
+        }
+    }
+    Ok(())
+}
+
 /// Resident set size in bytes (Linux).
 fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

@@ -1,0 +1,212 @@
+//! Hermes' own ceiling end to end: a topic of librdkafka's in-process mock
+//! cluster is filled first, then read to the end twice in the same run, by
+//! a bare `BaseConsumer` (poll, touch the payload, nothing else) and by the
+//! whole service (`Service::start`, as `hermes run` and the demo run it:
+//! the request loop decoding, deduplicating and applying every record,
+//! committing, emitting health reports; the group writer planning and
+//! publishing to an in-process store). Reports both rates and their ratio.
+//!
+//! ```sh
+//! cargo bench --bench end_to_end                  # 200 channels x 20/s x 360 s
+//! cargo bench --bench end_to_end -- --channels 1000 --seconds 360
+//! ```
+//! The traffic is `hermes bench`'s (same generator); 360 s of event time
+//! fill the 5-minute windows, so most of the read is at steady state. The
+//! request loop is one thread, like the bare consumer. Each is timed from
+//! its first record to its last. `HERMES_E2E_PROGRESS=1` prints the
+//! service's count every 250 ms (how the stall below was found).
+//!
+//! Found with it: librdkafka's `fetch.queue.backoff.ms` (1 s by default)
+//! stalled the request loop for 0.5-0.7 s of every second once its fetch
+//! queue was fuller than the loop could drain (the loop is slower than a
+//! bare consumer, so it always is when behind): 115 k records/s. The request
+//! consumer sets it to 10 ms: 470 k records/s on the same run.
+
+use hermes::bench::{config, encoded_traffic, BenchOptions, Mix};
+use hermes::config::ConfigFile;
+use hermes::service::{Service, Store};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Message};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The mock cluster keeps about 60 000 records a partition: enough
+/// partitions that nothing produced is trimmed before it is read.
+const PARTITIONS: i32 = 32;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> anyhow::Result<()> {
+    if !std::env::args().any(|a| a == "--bench") {
+        return Ok(()); // `cargo test --benches`
+    }
+    let channels = arg("--channels", 200) as usize;
+    let seconds = arg("--seconds", 360);
+    let opts = BenchOptions {
+        channels,
+        rate: 20.0,
+        seconds,
+        warmup_seconds: Some(0),
+        mix: Mix::Uniform,
+        seed: 1,
+        base_config: None,
+    };
+    let mock = MockCluster::new(1)?;
+    let cfg_text = toml_of(&config(channels, None)?);
+    let requests = "hermes.requests";
+    mock.create_topic(requests, PARTITIONS, 1)?;
+    for t in ["hermes.alerts", "hermes.dead-letters", "hermes.health"] {
+        mock.create_topic(t, 1, 1)?;
+    }
+    let bootstrap = mock.bootstrap_servers();
+
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let started = Instant::now();
+    let mut produced = 0u64;
+    encoded_traffic(&opts, seconds, |key, bytes| {
+        let mut rec = BaseRecord::to(requests).key(key).payload(bytes);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+        produced += 1;
+    })?;
+    producer.flush(Duration::from_secs(60))?;
+    drop(producer);
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()?;
+    let mut stored = 0;
+    for p in 0..PARTITIONS {
+        let (low, high) = probe.fetch_watermarks(requests, p, Duration::from_secs(10))?;
+        stored += high - low;
+    }
+    anyhow::ensure!(
+        stored as u64 == produced,
+        "the mock cluster holds {stored} of {produced} records"
+    );
+    println!(
+        "filled {requests}: {produced} events ({channels} channels x 20/s x {seconds} s) in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let bare = bare_consumer(&bootstrap, requests, produced)?;
+    println!(
+        "bare consumer:   {produced} records in {:.2} s = {:.0} records/s",
+        bare.as_secs_f64(),
+        produced as f64 / bare.as_secs_f64()
+    );
+
+    let mut file = ConfigFile::from_toml(&cfg_text)?;
+    file.runtime.kafka.brokers = bootstrap.clone();
+    file.runtime.kafka.session_timeout_ms = 6_000;
+    file.runtime.service.http_listen = String::new();
+    file.runtime.service.reload_check_ms = 0;
+    let rt = tokio::runtime::Runtime::new()?;
+    let (service_time, applied) = rt.block_on(async {
+        let store = Store::InProcess(Arc::new(Default::default()));
+        let service = Service::start(file, store, None).await?;
+        let m = service.metrics.clone();
+        // Time from the first record consumed (the group joined) to the
+        // last: the bare consumer's clock starts at its first record too.
+        let mut first = None;
+        let mut last_print = Instant::now();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let consumed = m.events_consumed.load(Ordering::Relaxed);
+            if consumed > 0 && first.is_none() {
+                first = Some(Instant::now());
+            }
+            if consumed >= produced || Instant::now() > deadline {
+                break;
+            }
+            if std::env::var_os("HERMES_E2E_PROGRESS").is_some()
+                && last_print.elapsed() > Duration::from_millis(250)
+            {
+                last_print = Instant::now();
+                eprintln!("{:?} {consumed}", first.map(|f| f.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let took = first.map_or(Duration::ZERO, |f| f.elapsed());
+        let applied = m.events_applied.load(Ordering::Relaxed);
+        service.stop().await?;
+        anyhow::Ok((took, applied))
+    })?;
+    println!(
+        "hermes service:  {produced} records in {:.2} s = {:.0} records/s ({applied} applied)",
+        service_time.as_secs_f64(),
+        produced as f64 / service_time.as_secs_f64()
+    );
+    println!(
+        "ratio service / bare: {:.2}",
+        bare.as_secs_f64() / service_time.as_secs_f64()
+    );
+    drop(mock);
+    Ok(())
+}
+
+/// A config's text back from the resolved groups (the bench's generator
+/// speaks `Config`, the service a file).
+fn toml_of(cfg: &hermes::config::Config) -> String {
+    let mut text = String::new();
+    for g in &cfg.groups {
+        text.push_str(&format!("[[groups]]\nid = \"{}\"\n", g.id));
+        for c in &g.channels {
+            text.push_str(&format!(
+                "[[groups.channels]]\nid = \"{}\"\ntier = \"{}\"\nprice_per_1k_tokens = {:?}\ncapacity_rps = {:?}\n",
+                c.id,
+                c.tier.as_str(),
+                c.price_per_1k_tokens,
+                c.capacity_rps
+            ));
+        }
+    }
+    text
+}
+
+/// Reads `topic` to `n` records with a bare consumer; the time from its
+/// first record to its last.
+fn bare_consumer(bootstrap: &str, topic: &str, n: u64) -> anyhow::Result<Duration> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("group.id", "bare")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    let consumer: BaseConsumer = c.create()?;
+    consumer.subscribe(&[topic])?;
+    let mut seen = 0u64;
+    let mut bytes = 0usize;
+    let mut first = None;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = deadline.min(Instant::now() + Duration::from_secs(120));
+    while seen < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            first.get_or_insert_with(Instant::now);
+            bytes += m.payload().map_or(0, |p| p.len());
+            seen += 1;
+        }
+    }
+    anyhow::ensure!(seen == n, "bare consumer read {seen} of {n}");
+    std::hint::black_box(bytes);
+    Ok(first.map_or(Duration::ZERO, |f| f.elapsed()))
+}
