@@ -301,8 +301,13 @@ pub fn plan(
                 return Plan {
                     manual: true,
                     computed_at_ms: input.now_ms,
+                    // Entering manual mode is news for gateways and
+                    // operators (the snapshot's `manual`): a new version,
+                    // so it is published and announced, not only seen at
+                    // the next heartbeat. The routing itself stays.
+                    version: if p.manual { p.version } else { p.version + 1 },
                     ..p.clone()
-                }
+                };
             }
             None => initial_fractions(&ctx),
         }
@@ -829,7 +834,8 @@ fn build_plan(
         manual,
     };
     if let Some(prev) = previous {
-        plan.version = if plan.same_routing(prev) {
+        // Leaving manual mode is news too, even with the same routing.
+        plan.version = if plan.same_routing(prev) && prev.manual == plan.manual {
             prev.version
         } else {
             prev.version + 1
@@ -1484,6 +1490,24 @@ mod tests {
         );
         assert!(p1.manual);
         assert!(p1.same_routing(&p0));
+        assert_eq!(p1.version, p0.version + 1, "the switch itself is published");
+        let p2 = plan(
+            &g1,
+            &ClassPolicies::default(),
+            &ScheduleConfig::default(),
+            Some(&p1),
+            true,
+        );
+        assert_eq!(p2.version, p1.version, "frozen: nothing new after that");
+        let p3 = plan(
+            &g,
+            &ClassPolicies::default(),
+            &ScheduleConfig::default(),
+            Some(&p2),
+            false,
+        );
+        assert!(!p3.manual);
+        assert!(p3.version > p2.version, "leaving manual mode is published");
     }
 
     #[test]

@@ -149,3 +149,118 @@ fn every_field_is_documented_and_only_the_required_ones_lack_a_default() {
         }
     }
 }
+
+mod snapshot {
+    use hermes::composition::Composition;
+    use hermes::config::{Config, Tier};
+    use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+    use std::sync::Arc;
+
+    const T0: i64 = 1_764_000_000_000;
+
+    fn event<'a>(channel: &'a str, id: &'a str, t: i64, failed: bool) -> RequestEvent<'a> {
+        RequestEvent {
+            event_id: id,
+            event_time_ms: t,
+            gateway_id: "gw-1",
+            channel_id: channel,
+            route_group: "chat",
+            model: "m",
+            traffic_class: TrafficClass::ALL[(t / 100 % 4) as usize],
+            attempt: 0,
+            http_status: if failed { 503 } else { 200 },
+            error_class: if failed {
+                ErrorClass::ServerError
+            } else {
+                ErrorClass::None
+            },
+            latency_ms: 800,
+            ttfb_ms: Some(100),
+            input_tokens: 500,
+            output_tokens: 300,
+            finish_reason: FinishReason::Stop,
+            truncated: false,
+            schema_valid: None,
+            replacement_chars: 0,
+            is_probe: false,
+            cost: 0.001,
+            quota_remaining: None,
+            trace_id: None,
+            dispatch: Dispatch::Sent,
+        }
+    }
+
+    /// Every distinct snapshot a group writer publishes through a healthy
+    /// start, a hard-down free channel, and manual mode, as JSON.
+    fn published() -> Vec<serde_json::Value> {
+        let cfg = Config::single_group(
+            "chat",
+            &[
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        );
+        let mut c = Composition::new(Arc::new(cfg));
+        let mut out = Vec::new();
+        let mut seen = 0;
+        let mut t = T0;
+        let mut n = 0u64;
+        let mut step = |c: &mut Composition, channel: &str, t: i64, failed: bool| {
+            n += 1;
+            let id = format!("e{n}");
+            let _ = c.apply(&event(channel, &id, t, failed));
+        };
+        while t < T0 + 300_000 {
+            let failing = t > T0 + 150_000 && t < T0 + 200_000;
+            step(&mut c, "free-a", t, failing);
+            step(&mut c, "paid-a", t, false);
+            if c.published() > seen {
+                seen = c.published();
+                out.push(serde_json::to_value(c.snapshot("chat").unwrap()).unwrap());
+            }
+            if t == T0 + 250_000 {
+                c.set_manual("chat", true, t);
+            }
+            t += 100;
+        }
+        out
+    }
+
+    #[test]
+    fn what_the_writer_publishes_is_valid_by_the_snapshot_schema() {
+        let path = super::root().join("schemas/weight_snapshot.schema.json");
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+        let snapshots = published();
+        assert!(snapshots.len() >= 3, "{} snapshots", snapshots.len());
+        let states: std::collections::BTreeSet<String> = snapshots
+            .iter()
+            .filter_map(|s| s["channels"]["free-a"]["state"].as_str().map(String::from))
+            .collect();
+        assert!(
+            states.contains("DRAINED") && states.contains("HEALTHY"),
+            "the run should publish a drain and a recovery: {states:?}"
+        );
+        assert!(snapshots.iter().any(|s| s["manual"] == true));
+        for s in &snapshots {
+            let errors: Vec<String> = validator.iter_errors(s).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{errors:?}\n{s:#}");
+            // The change message is the version as a decimal string.
+            let change = serde_json::Value::String(s["version"].to_string());
+            let msg = &schema["$defs"]["change_message"];
+            let v = jsonschema::validator_for(msg).unwrap();
+            assert!(v.is_valid(&change), "{change}");
+        }
+        // And the schema refuses what a client must not accept.
+        let mut bad = snapshots[0].clone();
+        bad["classes"]["core"] = bad["classes"]["CORE"].clone();
+        assert!(
+            !validator.is_valid(&bad),
+            "lowercase class keys are refused"
+        );
+        let mut bad = snapshots[0].clone();
+        bad.as_object_mut().unwrap().remove("heartbeat_ms");
+        assert!(!validator.is_valid(&bad), "no staleness clock");
+    }
+}
