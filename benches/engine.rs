@@ -5,97 +5,45 @@
 //!   choice; see README).
 //! - `pipeline/decode_apply_1000_channels`: decode + `Engine::apply` for a
 //!   stream over 1 000 channels in 100 groups, at 20 000 events/s of event
-//!   time, so the per-tick evaluation of all channels is included in the
-//!   per-event cost. Target (issue 2): ≥ 2 M events/s.
+//!   time from a fresh engine: a cold start (10 s, the windows never full);
+//!   the steady state is `benches/steady_state.rs`.
 //!
 //! `cargo bench --bench engine`; criterion prints time per batch and
 //! throughput in elements (events) per second.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use hermes::codec::{Decoder, Encoder, NoRegistry, WireFormat, REQUEST_EVENT_SCHEMA_JSON};
+use hermes::codec::{Decoder, NoRegistry, WireFormat, REQUEST_EVENT_SCHEMA_JSON};
 use hermes::config::Config;
 use hermes::engine::Engine;
-use hermes::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use std::hint::black_box;
 use std::sync::Arc;
 
 const CHANNELS: usize = 1_000;
-const GROUP_SIZE: usize = 10;
 const EVENTS: usize = 200_000;
 const T0: i64 = 1_764_000_000_000;
 
 fn config() -> Config {
-    let mut text = String::new();
-    for g in 0..CHANNELS / GROUP_SIZE {
-        text.push_str(&format!("[[groups]]\nid = \"g{g}\"\n"));
-        for c in 0..GROUP_SIZE {
-            let tier = if c % 3 == 0 { "free" } else { "paid" };
-            text.push_str(&format!(
-                "[[groups.channels]]\nid = \"ch-{g}-{c}\"\ntier = \"{tier}\"\nprice_per_1k_tokens = 0.5\ncapacity_rps = 100.0\n"
-            ));
-        }
-    }
-    Config::from_toml(&text).expect("bench config")
+    hermes::bench::config(CHANNELS, None).expect("bench config")
 }
 
-/// Pre-encoded records: mostly healthy, 2 % errors, 1 % probes, some long.
+/// Pre-encoded records: `hermes bench`'s traffic (mostly healthy, 2 %
+/// errors, 1 % probes, some long), 1 000 channels at 20 events/s each for
+/// 10 s of event time.
 fn records() -> Vec<Vec<u8>> {
-    let ids: Vec<(String, String)> = (0..CHANNELS)
-        .map(|i| {
-            (
-                format!("ch-{}-{}", i / GROUP_SIZE, i % GROUP_SIZE),
-                format!("g{}", i / GROUP_SIZE),
-            )
-        })
-        .collect();
-    let mut enc = Encoder::default();
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
+    let opts = hermes::bench::BenchOptions {
+        channels: CHANNELS,
+        rate: 20.0,
+        seconds: 10,
+        warmup_seconds: Some(0),
+        mix: hermes::bench::Mix::Uniform,
+        seed: 1,
+        base_config: None,
     };
-    (0..EVENTS)
-        .map(|i| {
-            let r = next();
-            let (channel, group) = &ids[(r % CHANNELS as u64) as usize];
-            let event_id = format!("e{i}");
-            let failed = r % 50 == 7;
-            let ev = RequestEvent {
-                event_id: &event_id,
-                event_time_ms: T0 + (i as i64) / 20,
-                gateway_id: "gw-1",
-                channel_id: channel,
-                route_group: group,
-                model: "m",
-                traffic_class: TrafficClass::ALL[(r >> 8) as usize % 4],
-                attempt: (r % 40 == 0) as i32,
-                http_status: if failed { 503 } else { 200 },
-                error_class: if failed {
-                    ErrorClass::ServerError
-                } else {
-                    ErrorClass::None
-                },
-                latency_ms: 200 + ((r >> 16) % 1800) as i32,
-                ttfb_ms: Some(80 + ((r >> 24) % 300) as i32),
-                input_tokens: ((r >> 32) % 6000) as i32,
-                output_tokens: 300 + ((r >> 40) % 400) as i32,
-                finish_reason: FinishReason::Stop,
-                truncated: r % 97 == 0,
-                schema_valid: None,
-                replacement_chars: 0,
-                is_probe: r % 100 == 3,
-                cost: 0.001,
-                quota_remaining: None,
-                trace_id: Some("t"),
-                dispatch: hermes::event::Dispatch::Sent,
-            };
-            let mut out = Vec::new();
-            enc.encode_plain(&ev, &mut out).expect("encode");
-            out
-        })
-        .collect()
+    let mut out = Vec::with_capacity(EVENTS);
+    hermes::bench::encoded_traffic(&opts, 10, |_, bytes| out.push(bytes.to_vec()))
+        .expect("encoding");
+    assert_eq!(out.len(), EVENTS);
+    out
 }
 
 /// What a user of apache-avro's serde path decodes into: owned strings, and
@@ -139,6 +87,7 @@ enum Sym {
     NONE,
     SERVER_ERROR,
     STOP,
+    SENT,
 }
 
 fn bench(c: &mut Criterion) {

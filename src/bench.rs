@@ -181,6 +181,15 @@ struct Traffic {
 }
 
 impl Traffic {
+    fn new(opts: &BenchOptions) -> Traffic {
+        Traffic {
+            channels: Channels::new(opts.channels, opts.mix),
+            rng: Rng(opts.seed | 1),
+            per_second: ((opts.channels as f64 * opts.rate).round() as usize).max(1),
+            next_id: 0,
+        }
+    }
+
     fn second(&mut self, s: u64) -> Second {
         let n = self.per_second;
         let mut out = Second {
@@ -246,13 +255,8 @@ pub fn encoded_traffic(
     seconds: u64,
     mut each: impl FnMut(&str, &[u8]),
 ) -> anyhow::Result<()> {
-    let per_second = ((opts.channels as f64 * opts.rate).round() as usize).max(1);
-    let mut traffic = Traffic {
-        channels: Channels::new(opts.channels, opts.mix),
-        rng: Rng(opts.seed | 1),
-        per_second,
-        next_id: 0,
-    };
+    let mut traffic = Traffic::new(opts);
+    let per_second = traffic.per_second;
     let mut encoder = Encoder::default();
     let mut buf = Vec::with_capacity(256);
     for s in 0..seconds {
@@ -291,6 +295,15 @@ impl Encoded {
     }
 }
 
+/// One record through the partition as the request loop handles it (the
+/// event's own time stands in for the wall clock).
+fn step(part: &mut Partition, ev: &RequestEvent<'_>, offset: i64, skew: i64) {
+    let wall = ev.event_time_ms;
+    let _ = part.apply(ev, offset, wall, skew);
+    part.handled(offset);
+    let _ = part.outputs("bench", || wall);
+}
+
 /// Runs one benchmark.
 pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(opts.channels > 0, "--channels must be at least 1");
@@ -303,13 +316,8 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let warmup = opts
         .warmup_seconds
         .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
-    let per_second = ((opts.channels as f64 * opts.rate).round() as usize).max(1);
-    let mut traffic = Traffic {
-        channels: Channels::new(opts.channels, opts.mix),
-        rng: Rng(opts.seed | 1),
-        per_second,
-        next_id: 0,
-    };
+    let mut traffic = Traffic::new(opts);
+    let per_second = traffic.per_second;
     let mut encoder = Encoder::default();
     let mut encoded = Encoded {
         bytes: Vec::with_capacity(per_second * 160),
@@ -338,11 +346,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     for s in 0..warmup {
         let sec = traffic.second(s);
         for i in 0..per_second {
-            let ev = traffic.event(&sec, i);
-            let wall = ev.event_time_ms;
-            let _ = part.apply(&ev, offset, wall, skew);
-            part.handled(offset);
-            let _ = part.outputs("bench", || wall);
+            step(&mut part, &traffic.event(&sec, i), offset, skew);
             offset += 1;
         }
     }
@@ -373,10 +377,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
                 let Ok(ev) = decoder.decode(rec, &NoRegistry) else {
                     continue;
                 };
-                let wall = ev.event_time_ms;
-                let _ = part.apply(&ev, offset, wall, skew);
-                part.handled(offset);
-                let _ = part.outputs("bench", || wall);
+                step(&mut part, &ev, offset, skew);
                 offset += 1;
             }
             let took = started.elapsed();
