@@ -6,10 +6,13 @@
 //! The engine keeps a watermark: the highest event time it has seen. One
 //! engine serves channels that share a watermark, which in the service means
 //! one engine per Kafka partition. Evaluation ticks fall every
-//! `engine.evaluation_interval_ms` on a fixed grid; when an event (or an
-//! explicit [`Engine::advance_to`]) moves the watermark past a tick, every
-//! channel is evaluated *at the tick's time*, before the event is recorded.
-//! Identical input sequences therefore give identical decisions.
+//! `engine.evaluation_interval_ms` on a fixed grid, cut into
+//! `engine.evaluation_phases` phases: route group `i` is evaluated in phase
+//! `i % phases`, once per interval, so an interval's work is spread over it
+//! instead of pausing the request path at one instant. When an event (or an
+//! explicit [`Engine::advance_to`]) moves the watermark past a phase, that
+//! phase's channels are evaluated *at the phase's time*, before the event is
+//! recorded. Identical input sequences therefore give identical decisions.
 //!
 //! # Per event (the hot path)
 //! Look up the channel (one hash of the id), check lateness, push the event
@@ -17,9 +20,12 @@
 //! consecutive-failure fast path when the streak reaches its threshold. No
 //! allocation unless an alert is raised.
 //!
-//! # Per tick
-//! For every channel: measure signals, score them, step the state machine,
-//! run the alert rules, and teach the baseline if the channel is healthy.
+//! # Per tick (a phase)
+//! For every channel of the phase's groups: measure signals, score them,
+//! judge each group as a whole, step the state machine, run the alert rules,
+//! and teach the baseline if the channel is healthy. Channels evaluated or
+//! changed are remembered for [`Engine::take_touched`], so a caller reports
+//! only those.
 
 use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
 use crate::config::{ChannelConfig, Config};

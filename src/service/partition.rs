@@ -324,8 +324,9 @@ impl Partition {
     /// What the engine produced since the last call. Alerts always; for the
     /// channels evaluated (a phase of the interval) or changed between
     /// phases (a drain must reach gateways in well under a second) since
-    /// then, also state saves, gauges and, once caught up, health reports. `wall_ms` reads the wall clock
-    /// for a report that carries a state change.
+    /// then, also state saves, gauges and, once caught up, health reports.
+    /// `wall_ms` reads the wall clock for a report that carries a state
+    /// change.
     pub fn outputs(&mut self, instance: &str, wall_ms: impl FnOnce() -> i64) -> Outputs {
         let replaying = self.replaying();
         self.replayed_last = false;
