@@ -3,8 +3,8 @@
 //! replays). Pure and deterministic, driven by event time.
 //!
 //! # Layout: 8 bytes a slot, at most 16 bytes a remembered id
-//! Open-addressing tables (linear probing; 64 shards by fingerprint, so a
-//! rebuild moves a sixty-fourth of the entries) of `u64` slots: 0 is empty;
+//! Open-addressing tables (linear probing; 256 shards by fingerprint, so a
+//! rebuild moves a 256th of the entries) of `u64` slots: 0 is empty;
 //! otherwise the id's 48-bit fingerprint (from ahash with fixed keys, so a
 //! replay decides the same) above a 16-bit tag of its event time, in units
 //! of `horizon / 4096`. An entry whose tag is older than the horizon (by the
@@ -44,8 +44,8 @@ struct Shard {
 }
 
 /// Shards (a power of two) and the fingerprint bits that pick one.
-const SHARDS: usize = 64;
-const SHARD_SHIFT: u32 = 48 - 6;
+const SHARDS: usize = 256;
+const SHARD_SHIFT: u32 = 48 - 8;
 /// Fewest slots a shard has.
 const MIN_SLOTS: usize = 16;
 /// Rebuilt past this share of occupied slots, to half of it.

@@ -108,7 +108,7 @@ impl Default for EngineConfig {
             outcome_window: 100,
             tdigest_size: 100,
             slice_tdigest_size: 25,
-            evaluation_phases: 50,
+            evaluation_phases: 250,
             long_input_tokens: 4_000,
             short_output_tokens: 50,
             slow_request_ms: 5_000,
