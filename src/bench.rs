@@ -168,7 +168,6 @@ impl Channels {
 /// One second of traffic, built from owned strings the events borrow.
 struct Second {
     ids: Vec<String>,
-    picks: Vec<usize>,
     draws: Vec<u64>,
     start_ms: i64,
 }
@@ -194,16 +193,13 @@ impl Traffic {
         let n = self.per_second;
         let mut out = Second {
             ids: Vec::with_capacity(n),
-            picks: Vec::with_capacity(n),
             draws: Vec::with_capacity(n),
             start_ms: T0 + s as i64 * 1000,
         };
-        for i in 0..n {
-            let r = self.rng.next();
+        for _ in 0..n {
             out.ids.push(format!("e{}", self.next_id));
             self.next_id += 1;
-            out.picks.push(i);
-            out.draws.push(r);
+            out.draws.push(self.rng.next());
         }
         out
     }
@@ -212,7 +208,7 @@ impl Traffic {
     /// probes, some retries, long inputs and truncations.
     fn event<'a>(&'a self, sec: &'a Second, i: usize) -> RequestEvent<'a> {
         let r = sec.draws[i];
-        let (channel, group) = self.channels.pick(sec.picks[i], r);
+        let (channel, group) = self.channels.pick(i, r);
         let failed = r % 50 == 7;
         RequestEvent {
             event_id: &sec.ids[i],
