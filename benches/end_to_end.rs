@@ -22,7 +22,7 @@
 //! bare consumer, so it always is when behind): 115 k records/s. The request
 //! consumer sets it to 10 ms: 470 k records/s on the same run.
 
-use hermes::bench::{config, encoded_traffic, BenchOptions, Mix};
+use hermes::bench::{config_text, encoded_traffic, BenchOptions, Mix};
 use hermes::config::ConfigFile;
 use hermes::service::{Service, Store};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         base_config: None,
     };
     let mock = MockCluster::new(1)?;
-    let cfg_text = toml_of(&config(channels, None)?);
+    let cfg_text = config_text(channels, None)?;
     let requests = "hermes.requests";
     mock.create_topic(requests, PARTITIONS, 1)?;
     for t in ["hermes.alerts", "hermes.dead-letters", "hermes.health"] {
@@ -163,25 +163,6 @@ fn main() -> anyhow::Result<()> {
     );
     drop(mock);
     Ok(())
-}
-
-/// A config's text back from the resolved groups (the bench's generator
-/// speaks `Config`, the service a file).
-fn toml_of(cfg: &hermes::config::Config) -> String {
-    let mut text = String::new();
-    for g in &cfg.groups {
-        text.push_str(&format!("[[groups]]\nid = \"{}\"\n", g.id));
-        for c in &g.channels {
-            text.push_str(&format!(
-                "[[groups.channels]]\nid = \"{}\"\ntier = \"{}\"\nprice_per_1k_tokens = {:?}\ncapacity_rps = {:?}\n",
-                c.id,
-                c.tier.as_str(),
-                c.price_per_1k_tokens,
-                c.capacity_rps
-            ));
-        }
-    }
-    text
 }
 
 /// Reads `topic` to `n` records with a bare consumer; the time from its

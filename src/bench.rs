@@ -90,6 +90,11 @@ pub struct BenchReport {
 /// the policy of `base` (a config file's text: its `groups` are replaced),
 /// or the defaults.
 pub fn config(channels: usize, base: Option<&str>) -> anyhow::Result<Config> {
+    Ok(Config::from_toml(&config_text(channels, base)?)?)
+}
+
+/// The text of [`config`] (what a service that reads a file is given).
+pub fn config_text(channels: usize, base: Option<&str>) -> anyhow::Result<String> {
     let mut text = match base {
         Some(b) => {
             let mut table: toml::Table = toml::from_str(b)?;
@@ -110,7 +115,7 @@ pub fn config(channels: usize, base: Option<&str>) -> anyhow::Result<Config> {
             ));
         }
     }
-    Ok(Config::from_toml(&text)?)
+    Ok(text)
 }
 
 /// xorshift64: the same traffic for the same seed.

@@ -19,8 +19,8 @@
 pub struct Dedup {
     horizon_ms: i64,
     hasher: ahash::RandomState,
-    /// Event-time units of a tag, and the horizon in tags (< 2^13, so a
-    /// wrapped 16-bit age is never ambiguous within a horizon).
+    /// Event-time units of a tag, and the horizon in tags (at most 4096,
+    /// so a wrapped 16-bit age is never ambiguous within 16 horizons).
     tag_ms: i64,
     horizon_tags: u16,
     /// By the fingerprint's top bits: a rebuild moves one shard's entries,
@@ -71,7 +71,9 @@ impl Shard {
 impl Dedup {
     pub fn new(horizon_ms: i64) -> Dedup {
         let horizon_ms = horizon_ms.max(1);
-        let tag_ms = (horizon_ms / 4096).max(1);
+        // Rounded up, so the horizon is at most 4096 tags and a 16-bit tag
+        // wraps only after 16 horizons (each shard is swept every 8).
+        let tag_ms = ((horizon_ms + 4095) / 4096).max(1);
         Dedup {
             horizon_ms,
             hasher: ahash::RandomState::with_seeds(

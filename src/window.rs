@@ -267,7 +267,7 @@ pub struct SliceRing {
     slices: Vec<Slice>,
     len: usize,
     /// Compression of slice digests, and of a view's.
-    tdigest_size: usize,
+    slice_size: usize,
     view_size: usize,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
     /// from the ~1 KB slices so that the per-tick range scans touch one
@@ -314,7 +314,7 @@ impl SliceRing {
             slices: Vec::new(),
             indices: Vec::new(),
             len: cfg.slices,
-            tdigest_size: size,
+            slice_size: size,
             view_size: cfg.tdigest_size as usize,
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
@@ -338,13 +338,15 @@ impl SliceRing {
     /// The slot of the slice holding event time `t`, recycled if it held an
     /// older slice; `None` if `t` is older than the ring.
     fn slot_for(&mut self, t: i64) -> Option<usize> {
-        if self.slices.is_empty() {
-            self.slices = vec![Slice::empty(self.tdigest_size); self.len];
-            self.indices = vec![i64::MIN; self.len];
-        }
         let (index, slot) = if t >= self.last.1 && t - self.last.1 < self.slice_ms {
             (self.last.0, self.last.2)
         } else {
+            // Off the hot path (a new slice); the first event of all lands
+            // here too, since `last` starts matching nothing.
+            if self.slices.is_empty() {
+                self.slices = vec![Slice::empty(self.slice_size); self.len];
+                self.indices = vec![i64::MIN; self.len];
+            }
             let index = self.slice_of(t);
             let slot = self.slot(index);
             self.last = (index, index * self.slice_ms, slot);
@@ -358,7 +360,7 @@ impl SliceRing {
             if self.indices[slot] > index {
                 return None;
             }
-            self.slices[slot] = Slice::empty(self.tdigest_size);
+            self.slices[slot] = Slice::empty(self.slice_size);
             self.indices[slot] = index;
         }
         Some(slot)
