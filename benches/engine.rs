@@ -157,6 +157,7 @@ fn bench_schedule(c: &mut Criterion) {
             health_weight: [1.0, 1.0, 0.3, 0.4, 0.0][i % 5],
             pinned: false,
             score: Some([0.1, 0.2, 0.5, 0.3, 0.9][i % 5]),
+            signals: Vec::new(),
             price_per_1k_tokens: (i % 7) as f64 * 0.3,
             capacity_rps: 20.0 + (i % 11) as f64 * 10.0,
             initial_weight: if i % 7 == 0 { 0.3 } else { 0.7 },

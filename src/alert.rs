@@ -301,7 +301,16 @@ impl AlertRules {
 
     /// The alert recording an operator putting a whole group in (or out of)
     /// manual mode. Never deduplicated: it is an action.
-    pub fn group_override(&mut self, group: &str, on: bool, now_ms: i64) -> AlertEvent {
+    /// `note` (who and why) is appended to the message.
+    pub fn group_override(&mut self, group: &str, on: bool, now_ms: i64, note: &str) -> AlertEvent {
+        let mut message = if on {
+            format!("group {group}: manual mode on, weights frozen by an operator")
+        } else {
+            format!("group {group}: manual mode off, Hermes schedules again")
+        };
+        if !note.is_empty() {
+            message = format!("{message} ({note})");
+        }
         AlertEvent {
             alert_id: self.id(group, AlertKind::Override, now_ms),
             event_time_ms: now_ms,
@@ -315,11 +324,7 @@ impl AlertRules {
             score: None,
             breakdown: BTreeMap::new(),
             weight: None,
-            message: if on {
-                format!("group {group}: manual mode on, weights frozen by an operator")
-            } else {
-                format!("group {group}: manual mode off, Hermes schedules again")
-            },
+            message,
         }
     }
 

@@ -160,6 +160,11 @@ impl GroupPlanner {
         self.scheduler.set_manual(group, on)
     }
 
+    /// Whether the group is in manual mode.
+    pub fn is_manual(&self, group: &str) -> bool {
+        self.scheduler.is_manual(group)
+    }
+
     /// The group's event time: the highest watermark its reports carried.
     pub fn watermark_ms(&self, group: &str) -> Option<i64> {
         self.board.watermark_ms(group)

@@ -51,7 +51,11 @@ pub struct DemoOptions {
     pub http_listen: Option<String>,
     /// Operator commands to send the service, each at this many seconds
     /// into the run (a scripted override: a pin, a freeze).
-    pub commands: Vec<(u64, crate::service::command::Command)>,
+    pub commands: Vec<(
+        u64,
+        crate::service::overrides::Target,
+        crate::service::overrides::Request,
+    )>,
 }
 
 /// What a demo run did, for its caller and tests.
@@ -72,8 +76,8 @@ pub struct DemoSummary {
     pub alerts_read_back: u64,
     pub transitions_read_back: Vec<(String, String, String)>,
     /// OVERRIDE alerts read back: (channel, or the group for a freeze;
-    /// reason).
-    pub overrides_read_back: Vec<(String, String)>,
+    /// reason; message, which names the operator and their reason).
+    pub overrides_read_back: Vec<(String, String, String)>,
     /// Records read back from the dead-letter topic with a `reason` header.
     pub dead_letters_read_back: u64,
 }
@@ -324,12 +328,28 @@ impl Gateways {
     }
 }
 
-fn status_table(metrics: &Metrics, produced: u64, elapsed_s: f64, versions: &[u64]) -> String {
-    format!(
+fn status_table(
+    metrics: &Metrics,
+    overrides: &crate::service::overrides::Overrides,
+    produced: u64,
+    elapsed_s: f64,
+    versions: &[u64],
+) -> String {
+    let mut out = format!(
         "hermes demo  t={elapsed_s:>5.0}s  events produced {produced}  weight versions seen by the gateways {}\n{}",
         versions.len(),
-        metrics.render_status()
-    )
+        metrics.status_view(overrides).render()
+    );
+    let recent = metrics.recent_alerts();
+    if !recent.is_empty() {
+        out.push_str("\nrecent alerts (newest last)\n");
+        for line in recent {
+            out.push_str("  ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// Runs the demo; returns what happened.
@@ -462,15 +482,18 @@ async fn drive(
     ));
     let mut status = tokio::time::interval(Duration::from_secs(1));
     let mut commands = opts.commands.clone();
-    commands.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    commands.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
     loop {
         while commands
             .last()
-            .is_some_and(|(at, _)| started.elapsed() >= Duration::from_secs(*at))
+            .is_some_and(|(at, _, _)| started.elapsed() >= Duration::from_secs(*at))
         {
-            let (_, cmd) = commands.pop().expect("checked");
-            if !service.commands.send(cmd) {
-                anyhow::bail!("an operator command found its loop stopped");
+            let (_, target, req) = commands.pop().expect("checked");
+            match service.control.set(target.clone(), &req).await? {
+                Ok(_) => {}
+                Err(refused) => {
+                    anyhow::bail!("the scripted override on {target} was refused: {refused}")
+                }
             }
         }
         tokio::select! {
@@ -483,7 +506,7 @@ async fn drive(
                 if opts.show_status {
                     let produced = counters.0.load(std::sync::atomic::Ordering::Relaxed);
                     let versions = weights.versions.read().map(|v| v.clone()).unwrap_or_default();
-                    let table = status_table(&service.metrics, produced, started.elapsed().as_secs_f64(), &versions);
+                    let table = status_table(&service.metrics, &service.control.current(), produced, started.elapsed().as_secs_f64(), &versions);
                     if opts.redraw {
                         print!("\x1b[2J\x1b[H{table}");
                     } else {
@@ -510,7 +533,9 @@ async fn read_outputs(
                     .channel_id
                     .clone()
                     .unwrap_or_else(|| a.route_group.clone());
-                summary.overrides_read_back.push((who, a.reason.clone()));
+                summary
+                    .overrides_read_back
+                    .push((who, a.reason.clone(), a.message.clone()));
             }
             if a.kind == crate::alert::AlertKind::Transition {
                 summary.transitions_read_back.push((

@@ -878,13 +878,15 @@ impl Engine {
         }
     }
 
-    /// Pins a channel (operator override), effective now. Returns false for
-    /// an unknown channel.
+    /// Pins a channel (operator override), effective now; `note` (who and
+    /// why) goes into the OVERRIDE alert's message. Returns false for an
+    /// unknown channel.
     pub fn pin(
         &mut self,
         channel: &str,
         pin: Option<Pin>,
         now_ms: i64,
+        note: &str,
         out: &mut Vec<AlertEvent>,
     ) -> bool {
         let Some(idx) = self.channel_index(channel) else {
@@ -897,8 +899,22 @@ impl Engine {
             Some(p) => m.set_pin(now_ms, p, &policy.states, &mut scratch),
             None => m.clear_pin(now_ms, &policy.states, &mut scratch),
         }
+        let from = out.len();
         self.emit_changes(idx, &scratch, out);
+        if !note.is_empty() {
+            for a in &mut out[from..] {
+                a.message = format!("{} ({note})", a.message);
+            }
+        }
         true
+    }
+
+    /// Every channel an operator pin holds, with the pin.
+    pub fn pinned(&self) -> Vec<(String, Pin)> {
+        self.channels
+            .iter()
+            .filter_map(|c| c.machine.pin().map(|p| (c.cfg.id.clone(), p)))
+            .collect()
     }
 
     /// Records an operator's group manual-mode switch as an alert.
@@ -909,7 +925,7 @@ impl Engine {
         now_ms: i64,
         out: &mut Vec<AlertEvent>,
     ) {
-        out.push(self.rules.group_override(group, on, now_ms));
+        out.push(self.rules.group_override(group, on, now_ms, ""));
     }
 
     /// Restores a channel's state machine saved at event time `saved_at_ms`
@@ -1031,6 +1047,16 @@ impl Engine {
             state: ch.machine.kind(),
             weight: ch.machine.weight(&ch.cfg.policy.states),
             score: ch.score.map(|s| s.value),
+            signals: ch
+                .score
+                .map(|s| {
+                    s.breakdown()
+                        .into_iter()
+                        .take(crate::health::TOP_SIGNALS)
+                        .map(|(k, c)| (k.name().to_string(), c))
+                        .collect()
+                })
+                .unwrap_or_default(),
             pinned: ch.machine.pin().is_some(),
             demand_rps,
             unsent_rps,

@@ -19,6 +19,11 @@ pub struct ChannelHealth {
     pub weight: f64,
     /// Latest score; `None` before any signal had enough samples.
     pub score: Option<f64>,
+    /// The score's largest contributions (signal name, contribution),
+    /// largest first, at most [`TOP_SIGNALS`]: why the channel is where it
+    /// is, for people (`hermes status`, `/status`), not for decisions.
+    #[serde(default)]
+    pub signals: Vec<(String, f64)>,
     pub pinned: bool,
     /// Observed demand per traffic class (schema order), requests per
     /// second: real attempts made plus requests gateways reported unsent.
@@ -65,6 +70,7 @@ impl ChannelHealth {
                 1.0
             },
             score: Some(0.1),
+            signals: Vec::new(),
             pinned: false,
             demand_rps: [0.0, 5.0, 0.0, 0.0],
             unsent_rps: [0.0; 4],
@@ -80,6 +86,9 @@ impl ChannelHealth {
         }
     }
 }
+
+/// How many of a score's contributions a health report carries.
+pub const TOP_SIGNALS: usize = 3;
 
 /// Format version of [`HealthReport`] (the topic is internal: JSON).
 pub const REPORT_FORMAT: u32 = 1;

@@ -53,16 +53,21 @@
 //!   simulated gateways.
 //! - `bench`: `hermes bench`, the request path at steady state (decode,
 //!   dedup, engine, outputs) with windows full, for capacity planning.
+//! - `channel_report`: `hermes report`, the weekly channel report from
+//!   the alert stream (Markdown and a self-contained HTML page).
+//! - `ctl`: `hermes ctl`, the control API's client (pins, freezes).
 //! - `main.rs`: the CLI.
 
 pub mod alert;
 pub mod bench;
 pub mod board;
+pub mod channel_report;
 pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod composition;
 pub mod config;
+pub mod ctl;
 pub mod dedup;
 pub mod demo;
 pub mod engine;

@@ -7,6 +7,7 @@ use hermes::sim::scenario::Scenario;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +20,61 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum CtlAction {
+    /// Pin a channel: drain it, hold a weight, or force it healthy.
+    Pin {
+        channel: String,
+        /// Weight 0 whatever its health.
+        #[arg(long, group = "pin_kind", required = true)]
+        drain: bool,
+        /// Hold this health weight factor (0..1).
+        #[arg(long, group = "pin_kind", required = true)]
+        weight: Option<f64>,
+        /// Full weight whatever its health.
+        #[arg(long, group = "pin_kind", required = true)]
+        healthy: bool,
+        /// Lapse after this long (90s, 30m, 2h, 1d); default: until cleared.
+        #[arg(long = "for")]
+        for_: Option<String>,
+        /// Why (goes into the OVERRIDE alert).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Release a channel's pin.
+    Unpin {
+        channel: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Freeze a group's weights as published (manual mode).
+    Freeze {
+        group: String,
+        #[arg(long = "for")]
+        for_: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Give a frozen group back to Hermes.
+    Unfreeze {
+        group: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// The overrides in force and recent clears.
+    List {
+        /// The stored JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the service: consume request events from Kafka, publish weights
@@ -28,6 +84,71 @@ enum Command {
         /// The TOML config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Log lines as text for people, or one JSON object per line for a
+        /// log pipeline. Colours only when stderr is a terminal.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// The fleet as Redis holds it, no instance needed: per group the
+    /// writer epoch, snapshot version and age; per channel the state, score
+    /// and its top signals, weights per class and any operator pin.
+    Status {
+        /// Redis URL (default: the config's `redis.url`).
+        #[arg(long)]
+        redis: Option<String>,
+        /// Read `redis.url` from this config file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// One JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The channel report (seed 003's weekly review) from the alert stream:
+    /// per channel availability, incidents (time to drain, time drained,
+    /// time to recover, worst signals), time in each state and overrides;
+    /// written as PREFIX.md and a self-contained PREFIX.html.
+    Report {
+        /// Alerts as JSON lines (`hermes simulate --alerts`); otherwise the
+        /// alert topic is read.
+        #[arg(long)]
+        alerts: Option<PathBuf>,
+        /// Read the alert topic with this config's `[kafka]` section.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Brokers to read the alert topic from (instead of a config).
+        #[arg(long)]
+        bootstrap: Option<String>,
+        /// The alert topic (default: the config's, else hermes.alerts).
+        #[arg(long)]
+        topic: Option<String>,
+        /// Start of the period: 2026-11-24, 2026-11-24T08:00:00Z or epoch ms
+        /// (default: 7 days before --to).
+        #[arg(long)]
+        from: Option<String>,
+        /// End of the period (default: now).
+        #[arg(long)]
+        to: Option<String>,
+        /// Output path prefix: PREFIX.md and PREFIX.html.
+        #[arg(long, default_value = "hermes-report")]
+        out: PathBuf,
+    },
+    /// Steer Hermes through an instance's control API: pin a channel,
+    /// freeze a group, clear, list. Every change is stored in Redis (it
+    /// survives restarts and takeovers), reaches whichever instance owns the
+    /// channel or writes the group, and is recorded as an OVERRIDE alert
+    /// naming the actor and the reason.
+    Ctl {
+        /// An instance's HTTP endpoint (its `service.http_listen`).
+        #[arg(long, default_value = "http://127.0.0.1:9464", env = "HERMES_URL")]
+        url: String,
+        /// The control token (`service.control_token`).
+        #[arg(long, env = "HERMES_CONTROL_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Who is asking (goes into the OVERRIDE alert; default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
+        #[command(subcommand)]
+        action: CtlAction,
     },
     /// Validate a config file as `hermes run` would; every problem is
     /// listed with the key at fault.
@@ -319,22 +440,209 @@ fn run(config: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn status(redis: Option<&str>, config: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
+    let url = match (redis, config) {
+        (Some(u), _) => u.to_string(),
+        (None, Some(p)) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let file = hermes::config::ConfigFile::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            file.runtime.redis.url.clone()
+        }
+        (None, None) => bail!("say where the fleet is: --redis URL or --config FILE"),
+    };
+    if url.is_empty() {
+        bail!("the config has no redis.url; pass --redis URL");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let view = runtime.block_on(hermes::service::status::from_redis(&url))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    } else {
+        print!("{}", view.render());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ctl(
+    url: &str,
+    token: Option<String>,
+    actor: Option<String>,
+    action: &CtlAction,
+) -> anyhow::Result<ExitCode> {
+    use hermes::ctl::{parse_duration_s, render_list, Client};
+    use hermes::service::overrides::Action;
+    let actor = actor
+        .or_else(|| std::env::var("USER").ok())
+        .filter(|a| !a.trim().is_empty())
+        .unwrap_or_else(|| "unknown".to_string());
+    let client = Client::new(url, token.filter(|t| !t.is_empty()), actor);
+    let for_s = |f: &Option<String>| f.as_deref().map(parse_duration_s).transpose();
+    let answer = match action {
+        CtlAction::Pin {
+            channel,
+            drain,
+            weight,
+            healthy,
+            for_,
+            reason,
+        } => {
+            let action = match (drain, weight, healthy) {
+                (true, _, _) => Action::Drain,
+                (_, Some(w), _) => Action::Weight { weight: *w },
+                (_, _, true) => Action::Healthy,
+                _ => bail!("say how: --drain, --weight W or --healthy"),
+            };
+            client.set("channels", channel, action, reason, for_s(for_)?)?
+        }
+        CtlAction::Unpin { channel, reason } => client.clear("channels", channel, reason)?,
+        CtlAction::Freeze {
+            group,
+            for_,
+            reason,
+        } => client.set("groups", group, Action::Freeze, reason, for_s(for_)?)?,
+        CtlAction::Unfreeze { group, reason } => client.clear("groups", group, reason)?,
+        CtlAction::List { json } => {
+            let v = client.list()?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", render_list(&v));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    println!("{}", serde_json::to_string(&answer)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+struct ReportArgs<'a> {
+    alerts: Option<&'a Path>,
+    config: Option<&'a Path>,
+    bootstrap: Option<&'a str>,
+    topic: Option<&'a str>,
+    from: Option<&'a str>,
+    to: Option<&'a str>,
+    out: &'a Path,
+}
+
+fn report(a: ReportArgs<'_>) -> anyhow::Result<ExitCode> {
+    use hermes::channel_report::{build, parse_time_ms, read_json_lines};
+    let to = match a.to {
+        Some(t) => parse_time_ms(t).map_err(anyhow::Error::msg)?,
+        None => hermes::wall_clock::now_ms(),
+    };
+    let from = match a.from {
+        Some(t) => parse_time_ms(t).map_err(anyhow::Error::msg)?,
+        None => to - 7 * 86_400_000,
+    };
+    if from >= to {
+        bail!("--from must be before --to");
+    }
+    let alerts = match (a.alerts, a.config, a.bootstrap) {
+        (Some(p), _, _) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            read_json_lines(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+        }
+        (None, cfg, bootstrap) => {
+            let mut kafka = match cfg {
+                Some(p) => {
+                    hermes::config::ConfigFile::from_file(p)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .runtime
+                        .kafka
+                }
+                None => hermes::config::KafkaConfig::default(),
+            };
+            if let Some(b) = bootstrap {
+                kafka.brokers = b.to_string();
+            }
+            if kafka.brokers.is_empty() {
+                bail!(
+                    "say where the alerts are: --alerts FILE, --config FILE or --bootstrap BROKERS"
+                );
+            }
+            let topic = a.topic.map_or(kafka.alert_topic.clone(), str::to_string);
+            let (alerts, bad) =
+                hermes::service::kafka::read_alerts(&kafka, &topic, Duration::from_secs(60))?;
+            if bad > 0 {
+                eprintln!("{bad} records on {topic} did not decode as alerts; left out");
+            }
+            alerts
+        }
+    };
+    let r = build(&alerts, from, to);
+    let md = a.out.with_extension("md");
+    let html = a.out.with_extension("html");
+    std::fs::write(&md, r.markdown()).with_context(|| format!("writing {}", md.display()))?;
+    std::fs::write(&html, r.html()).with_context(|| format!("writing {}", html.display()))?;
+    println!(
+        "{} alerts, {} channels: wrote {} and {}",
+        alerts.len(),
+        r.channels.len(),
+        md.display(),
+        html.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Logs to stderr: text (colours only on a terminal) or JSON lines.
+fn init_logs(default_level: &str, format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_level.into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().with_current_span(false).init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     // The service logs its decisions; the interactive commands only warnings.
-    let default_level = match cli.command {
-        Command::Run { .. } => "info",
-        _ => "warn",
+    let (default_level, format) = match cli.command {
+        Command::Run { log_format, .. } => ("info", log_format),
+        _ => ("warn", LogFormat::Text),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(default_level, format);
     match &cli.command {
-        Command::Run { config } => run(config),
+        Command::Run { config, .. } => run(config),
+        Command::Status {
+            redis,
+            config,
+            json,
+        } => status(redis.as_deref(), config.as_deref(), *json),
+        Command::Ctl {
+            url,
+            token,
+            actor,
+            action,
+        } => ctl(url, token.clone(), actor.clone(), action),
+        Command::Report {
+            alerts,
+            config,
+            bootstrap,
+            topic,
+            from,
+            to,
+            out,
+        } => report(ReportArgs {
+            alerts: alerts.as_deref(),
+            config: config.as_deref(),
+            bootstrap: bootstrap.as_deref(),
+            topic: topic.as_deref(),
+            from: from.as_deref(),
+            to: to.as_deref(),
+            out,
+        }),
         Command::CheckConfig { file, engine_only } => check_config(file, *engine_only),
         Command::Demo {
             seconds,

@@ -9,6 +9,7 @@
 //! | `hermes:{GROUP}:epoch` | integer | [`TAKE_EPOCH_LUA`] |
 //! | `hermes:{GROUP}:changed` | pub/sub channel | [`FENCED_WRITE_LUA`] |
 //! | `hermes:{GROUP}:state` | hash (channel → saved machine) | [`KEEP_NEWEST_LUA`] |
+//! | `hermes:overrides` | hash (`channel:ID` / `group:ID` → operator override JSON) | `HSET`/`HDEL` by the control API |
 
 /// The Redis key holding a group's snapshot.
 pub fn snapshot_key(group: &str) -> String {
@@ -29,6 +30,10 @@ pub fn changed_channel(group: &str) -> String {
 pub fn state_key(group: &str) -> String {
     format!("hermes:{{{group}}}:state")
 }
+
+/// The operator overrides (pins and freezes) of the whole fleet: one hash,
+/// read by every instance (`service::overrides`).
+pub const OVERRIDES_KEY: &str = "hermes:overrides";
 
 /// The fenced write. KEYS[1]: the snapshot key; KEYS[2]: the group's epoch
 /// key. ARGV: epoch, version, heartbeat_ms, snapshot JSON, change channel.

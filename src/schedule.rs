@@ -52,6 +52,9 @@ pub struct ChannelInput {
     pub health_weight: f64,
     pub pinned: bool,
     pub score: Option<f64>,
+    /// The score's largest contributions (carried to the snapshot for
+    /// people; no decision reads them).
+    pub signals: Vec<(String, f64)>,
     pub price_per_1k_tokens: f64,
     pub capacity_rps: f64,
     /// Tier share while nothing is known; also the trust cap.
@@ -150,6 +153,8 @@ pub struct ChannelPlan {
     pub id: String,
     pub state: StateKind,
     pub score: Option<f64>,
+    /// The score's largest contributions (for people; see `ChannelHealth`).
+    pub signals: Vec<(String, f64)>,
     pub planned_rps: f64,
     /// Capacity × headroom (after any quota cap).
     pub cap_rps: f64,
@@ -817,6 +822,7 @@ fn build_plan(
             id: ctx.ch[j].id.clone(),
             state: ctx.ch[j].state,
             score: ctx.ch[j].score,
+            signals: ctx.ch[j].signals.clone(),
             planned_rps: planned[j],
             cap_rps: ctx.cap[j],
             reason: reasons[j],
@@ -922,6 +928,15 @@ impl Scheduler {
             }
             None => false,
         }
+    }
+
+    /// Whether a group is in manual mode (false for an unknown group).
+    pub fn is_manual(&self, group: &str) -> bool {
+        self.cfg
+            .groups
+            .iter()
+            .position(|g| g.id == group)
+            .is_some_and(|i| self.manual[i])
     }
 
     /// The current plan of a group, if one was made.
@@ -1062,6 +1077,7 @@ impl ChannelInput {
             health_weight: h.map_or(1.0, |h| h.weight),
             pinned: h.is_some_and(|h| h.pinned),
             score: h.and_then(|h| h.score),
+            signals: h.map(|h| h.signals.clone()).unwrap_or_default(),
             price_per_1k_tokens: c.price_per_1k_tokens,
             capacity_rps: c.capacity_rps,
             initial_weight: c.initial_weight,
@@ -1087,6 +1103,7 @@ mod tests {
             health_weight: 1.0,
             pinned: false,
             score: Some(0.05),
+            signals: Vec::new(),
             price_per_1k_tokens: price,
             capacity_rps: cap,
             initial_weight: initial,

@@ -93,23 +93,18 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
     );
 }
 
-/// Operator commands reach the loop that carries them out: a pin reaches the
-/// partition engine that carries the channel, a freeze the group's writer,
-/// and each is recorded as an OVERRIDE alert on the alert topic.
+/// Operator overrides reach the loop that carries them out: a drain reaches
+/// the partition engine that carries the channel, a freeze the group's
+/// writer, and each is recorded once as an OVERRIDE alert on the alert topic
+/// naming the operator and their reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operator_commands_reach_the_engines_and_the_writer() {
-    use hermes::service::command::Command;
-    use hermes::state::{Pin, PinKind};
-    let pin = Command::Pin {
-        channel: "paid-a".into(),
-        pin: Some(Pin {
-            kind: PinKind::Drain,
-            until_ms: None,
-        }),
-    };
-    let freeze = Command::Freeze {
-        group: "chat".into(),
-        on: true,
+async fn operator_overrides_reach_the_engines_and_the_writer() {
+    use hermes::service::overrides::{Action, Request, Target};
+    let req = |action, reason: &str| Request {
+        action,
+        reason: reason.into(),
+        actor: "alice@sre".into(),
+        for_s: None,
     };
     let summary = run(DemoOptions {
         scenario: Scenario::from_toml(SCENARIO).unwrap(),
@@ -119,22 +114,35 @@ async fn operator_commands_reach_the_engines_and_the_writer() {
         show_status: false,
         garbage_every: 0,
         http_listen: None,
-        commands: vec![(7, pin), (9, freeze)],
+        commands: vec![
+            (
+                7,
+                Target::Channel("paid-a".into()),
+                req(Action::Drain, "vendor maintenance INC-7"),
+            ),
+            (
+                9,
+                Target::Group("chat".into()),
+                req(Action::Freeze, "incident freeze"),
+            ),
+        ],
     })
     .await
     .unwrap();
     let overrides = &summary.overrides_read_back;
     assert!(
-        overrides
-            .iter()
-            .any(|(who, why)| who == "paid-a" && why.contains("pin")),
+        overrides.iter().any(|(who, why, msg)| who == "paid-a"
+            && why.contains("pin")
+            && msg.contains("alice@sre")
+            && msg.contains("vendor maintenance INC-7")),
         "{overrides:?}"
     );
     assert!(
-        overrides
-            .iter()
-            .any(|(who, why)| who == "chat" && why == "manual_mode(on=true)"),
+        overrides.iter().any(|(who, why, msg)| who == "chat"
+            && why == "manual_mode(on=true)"
+            && msg.contains("alice@sre")
+            && msg.contains("incident freeze")),
         "{overrides:?}"
     );
-    assert_eq!(overrides.len(), 2, "each command once: {overrides:?}");
+    assert_eq!(overrides.len(), 2, "each override once: {overrides:?}");
 }

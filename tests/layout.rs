@@ -32,7 +32,15 @@ const CORE: &[&str] = &[
 ];
 
 /// The imperative shell: I/O, threads, wall time.
-const SHELL: &[&str] = &["bench", "client", "demo", "service", "wall_clock"];
+const SHELL: &[&str] = &[
+    "bench",
+    "channel_report",
+    "client",
+    "ctl",
+    "demo",
+    "service",
+    "wall_clock",
+];
 
 /// Shell files inside a core module's directory.
 const SHELL_FILES: &[&str] = &["src/publish/redis.rs"];

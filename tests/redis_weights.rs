@@ -32,6 +32,7 @@ fn snapshot(epoch: u64, version: u64, free_weight: f64) -> WeightSnapshot {
         score: Some(0.1),
         reason: "healthy".into(),
         planned_rps: 1.0,
+        signals: Vec::new(),
     };
     WeightSnapshot {
         group: "chat".into(),

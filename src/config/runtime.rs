@@ -190,6 +190,34 @@ pub struct ServiceConfig {
     /// without being decoded: an event is a few hundred bytes, and a
     /// multi-megabyte string in one would be copied and hashed for nothing.
     pub max_record_bytes: u32,
+    /// The bearer token the control API (`hermes ctl`) requires for every
+    /// change; empty: changes are refused. The environment variable
+    /// `HERMES_CONTROL_TOKEN` takes precedence (keep secrets out of files).
+    pub control_token: String,
+    /// Every instance re-reads the operators' overrides from Redis this
+    /// often: an override set through one instance reaches the owner of its
+    /// channel or group within it.
+    pub override_poll_ms: i64,
+    /// A cleared override leaves a tombstone (who cleared it, and why) for
+    /// this long, so the instance that releases it can say so.
+    pub override_tombstone_ms: i64,
+}
+
+/// Where the control token comes from when the file has none.
+pub const CONTROL_TOKEN_ENV: &str = "HERMES_CONTROL_TOKEN";
+
+/// The shortest control token accepted.
+const MIN_TOKEN_CHARS: usize = 16;
+
+impl ServiceConfig {
+    /// The control token in force: the environment's, else the file's;
+    /// `None` when neither is set (the control API refuses changes).
+    pub fn control_token(&self) -> Option<String> {
+        std::env::var(CONTROL_TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .or_else(|| Some(self.control_token.clone()).filter(|t| !t.is_empty()))
+    }
 }
 
 impl Default for ServiceConfig {
@@ -202,6 +230,9 @@ impl Default for ServiceConfig {
             http_listen: "127.0.0.1:9464".into(),
             idle_advance_ms: 5_000,
             max_record_bytes: 65_536,
+            control_token: String::new(),
+            override_poll_ms: 1_000,
+            override_tombstone_ms: 600_000,
         }
     }
 }
@@ -213,6 +244,8 @@ impl ServiceConfig {
             ("dedup_horizon_ms", self.dedup_horizon_ms),
             ("commit_interval_ms", self.commit_interval_ms),
             ("idle_advance_ms", self.idle_advance_ms),
+            ("override_poll_ms", self.override_poll_ms),
+            ("override_tombstone_ms", self.override_tombstone_ms),
         ] {
             v.positive_ms(format!("service.{k}"), x);
         }
@@ -220,6 +253,14 @@ impl ServiceConfig {
             v.push(
                 "service.max_record_bytes",
                 "must be at least 1024 (an event with long ids needs a few hundred bytes)",
+            );
+        }
+        if !self.control_token.is_empty() && self.control_token.chars().count() < MIN_TOKEN_CHARS {
+            v.push(
+                "service.control_token",
+                format!(
+                    "must be at least {MIN_TOKEN_CHARS} characters (it guards pins and freezes)"
+                ),
             );
         }
         if self.reload_check_ms < 0 {

@@ -43,6 +43,9 @@ pub struct ChannelStatus {
     /// Why it got its share (`schedule::ShareReason`).
     pub reason: String,
     pub planned_rps: f64,
+    /// The score's largest contributions, largest first (for people).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<(String, f64)>,
 }
 
 /// The whole routing decision of one group, as stored in Redis.
@@ -101,6 +104,7 @@ impl WeightSnapshot {
                             score: c.score,
                             reason: c.reason.as_str().to_string(),
                             planned_rps: c.planned_rps,
+                            signals: c.signals.clone(),
                         },
                     )
                 })
@@ -282,6 +286,7 @@ mod tests {
             health_weight: 1.0,
             pinned: false,
             score: Some(0.1),
+            signals: Vec::new(),
             price_per_1k_tokens: 0.0,
             capacity_rps: 50.0,
             initial_weight: w,

@@ -20,9 +20,9 @@
 //! Redis being down delays writes (retried every round) but never the
 //! request loop, which runs on its own thread.
 
-use super::command::Command;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{GroupGauges, Metrics};
+use super::overrides::Overrides;
 use crate::alert::{AlertEvent, AlertRules};
 use crate::board::{writer_partition, NotReady};
 use crate::composition::GroupPlanner;
@@ -185,28 +185,27 @@ struct GroupWriters {
 }
 
 impl GroupWriters {
-    /// An operator command for the writers: a freeze of a group written
-    /// here puts its planner in manual mode (the weights stay as published)
-    /// and is recorded as an OVERRIDE alert. Other commands, and groups
-    /// written elsewhere, are not this instance's to carry out.
-    fn on_command(&mut self, cmd: Command) -> Option<AlertEvent> {
-        let Command::Freeze { group, on } = cmd else {
-            return None;
-        };
-        if !self.writers.contains_key(&group) {
-            tracing::info!(%group, on, "freeze: this instance does not write the group");
-            return None;
+    /// Operator freezes: every group written here is put in (or out of)
+    /// manual mode as the desired set says, each switch an OVERRIDE alert
+    /// naming who and why. Already as desired: nothing happens.
+    fn reconcile_freezes(&mut self, desired: &Overrides) -> Vec<AlertEvent> {
+        let now = crate::wall_clock::now_ms();
+        let mut alerts = Vec::new();
+        let groups: Vec<String> = self.writers.keys().cloned().collect();
+        for group in groups {
+            let want = desired.frozen(&group, now);
+            if self.planner.is_manual(&group) == want || !self.planner.set_manual(&group, want) {
+                continue;
+            }
+            let note = desired.groups.get(&group).map_or_else(
+                || "no operator override stored: it lapsed or was removed".to_string(),
+                |o| o.note(),
+            );
+            tracing::info!(%group, frozen = want, %note, "operator freeze reconciled");
+            let at = self.planner.watermark_ms(&group).unwrap_or(now);
+            alerts.push(self.rules.group_override(&group, want, at, &note));
         }
-        if !self.planner.set_manual(&group, on) {
-            tracing::warn!(%group, "freeze: the group is not in the config");
-            return None;
-        }
-        tracing::info!(%group, on, "operator freeze applied");
-        let now = self
-            .planner
-            .watermark_ms(&group)
-            .unwrap_or_else(crate::wall_clock::now_ms);
-        Some(self.rules.group_override(&group, on, now))
+        alerts
     }
 
     /// Takes a health report; true when it carries a state change of a
@@ -345,6 +344,7 @@ impl GroupWriters {
         let mut snap = WeightSnapshot::from_plan(plan, epoch, now);
         snap.version = version;
         let plan_version = plan.version;
+        let budget = plan.budget_per_hour;
         let outcome = self.sink.write(&snap).await;
         self.redis_state(outcome.as_ref().err().map(|e| e.to_string()));
         let w = self.writers.get_mut(group).expect("listed by the caller");
@@ -368,7 +368,7 @@ impl GroupWriters {
                 w.version = version;
                 w.plan_version = Some(plan_version);
                 w.last_write_ms = now;
-                self.metrics.set_group(group, gauges(&snap, now));
+                self.metrics.set_group(group, gauges(&snap, now, budget));
             }
             Err(e) => {
                 // Retried next round with the then-current plan; gateways
@@ -381,7 +381,7 @@ impl GroupWriters {
 }
 
 /// The gauges of a written snapshot.
-fn gauges(snap: &WeightSnapshot, now: i64) -> GroupGauges {
+fn gauges(snap: &WeightSnapshot, now: i64, budget_per_hour: Option<f64>) -> GroupGauges {
     let mut weights = BTreeMap::new();
     let mut shed = BTreeMap::new();
     for (class, cw) in &snap.classes {
@@ -394,6 +394,9 @@ fn gauges(snap: &WeightSnapshot, now: i64) -> GroupGauges {
         epoch: snap.epoch,
         version: snap.version,
         heartbeat_ms: now,
+        manual: snap.manual,
+        projected_spend_per_hour: snap.projected_spend_per_hour,
+        budget_per_hour,
         weights,
         shed,
         waiting_for: Vec::new(),
@@ -411,8 +414,8 @@ pub struct GroupLoopParts {
     pub sink: WeightSink,
     pub metrics: Arc<Metrics>,
     pub stop: Arc<AtomicBool>,
-    /// Operator commands for the writers (freezes).
-    pub commands: tokio::sync::mpsc::UnboundedReceiver<Command>,
+    /// The operators' desired overrides (freezes are carried out here).
+    pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Where the writers' OVERRIDE alerts go.
     pub producer: Arc<OutputProducer>,
 }
@@ -425,7 +428,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         sink,
         metrics,
         stop,
-        mut commands,
+        mut overrides,
         producer,
     } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
@@ -466,17 +469,19 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
                     None => continue,
                 }
             }
-            Some(cmd) = commands.recv() => {
-                if let Some(alert) = writers.on_command(cmd) {
-                    produce_alert(&producer, &writers.runtime, &alert)?;
-                }
-            }
+            Ok(()) = overrides.changed() => {}
             _ = round.tick() => {}
         }
         if cfg_rx.has_changed().unwrap_or(false) {
             writers.reconfigure(cfg_rx.borrow_and_update().clone());
         }
         writers.sync_ownership(&ownership);
+        // Every pass: a group taken over is frozen before its first write.
+        let desired = overrides.borrow_and_update().clone();
+        for alert in writers.reconcile_freezes(&desired) {
+            produce_alert(&producer, &writers.runtime, &alert)?;
+            writers.metrics.alert_produced(&alert);
+        }
         writers.on_tick().await;
     }
     Ok(())

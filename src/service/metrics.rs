@@ -1,93 +1,81 @@
-//! What the service exports: Prometheus text on `/metrics` and a plain-text
-//! status view on `/status` with a state column for every channel.
+//! What the service knows about itself, for `/metrics` and `/status`.
 //!
-//! Loops update these in place; the HTTP handler only reads.
+//! The loops update these in place; a scrape only reads. The exposition is
+//! rendered by the `prometheus-client` crate (Prometheus text format 0.0.4)
+//! from an [`Exporter`] that reads this state at scrape time: `promtool
+//! check metrics` finds nothing in it (`tests/metrics_lint.rs`).
 
+use crate::state::StateKind;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// One channel as its partition owner last evaluated it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ChannelGauges {
     pub group: String,
     pub state: String,
     pub score: Option<f64>,
+    /// The score's largest contributions (signal name, contribution),
+    /// largest first: why the channel is where it is.
+    pub signals: Vec<(String, f64)>,
     pub health_weight: f64,
+    /// An operator pin holds the channel's weight (`hermes ctl pin`).
+    pub pinned: bool,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub error_rate: Option<f64>,
+    /// Hard failures and bad answers over judged outcomes.
+    pub failure_rate: Option<f64>,
+    /// Every signal the engine measured at its last tick, in its own unit
+    /// (the name says it: `_ms`, `_rate`, ratios): the dashboard's P99 vs
+    /// baseline (`relative_p99`) and bad-answer rates. Signals with too few
+    /// samples are left out, as they do not vote.
+    pub signal_values: Vec<(&'static str, f64)>,
     pub partition: i32,
 }
 
 /// One group as its writer last published it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct GroupGauges {
     pub epoch: u64,
     pub version: u64,
+    /// Wall time of the last write or heartbeat refresh.
     pub heartbeat_ms: i64,
+    pub manual: bool,
+    pub projected_spend_per_hour: f64,
+    pub budget_per_hour: Option<f64>,
     /// (class, channel) → weight.
     pub weights: BTreeMap<(String, String), f64>,
     pub shed: BTreeMap<String, f64>,
     pub waiting_for: Vec<String>,
 }
 
-/// A Prometheus histogram of durations, in seconds.
-pub struct Histogram {
-    /// Upper bounds in milliseconds (the `le` labels, in seconds).
-    bounds_ms: &'static [i64],
-    counts: Vec<AtomicU64>,
-    sum_ms: AtomicU64,
-    count: AtomicU64,
-}
+/// A histogram of durations, exported in seconds.
+pub struct Histogram(prometheus_client::metrics::histogram::Histogram);
 
 impl Histogram {
-    pub fn new(bounds_ms: &'static [i64]) -> Histogram {
-        Histogram {
-            bounds_ms,
-            counts: bounds_ms.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_ms: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
     /// Records one duration (negative: a clock step between instances; 0).
     pub fn observe_ms(&self, ms: i64) {
-        let ms = ms.max(0);
-        for (b, c) in self.bounds_ms.iter().zip(&self.counts) {
-            if ms <= *b {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.sum_ms.fetch_add(ms as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, c) in self.bounds_ms.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{}\"}} {}",
-                *b as f64 / 1000.0,
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let n = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
-        let sum = self.sum_ms.load(Ordering::Relaxed) as f64 / 1000.0;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {n}");
+        self.0.observe(ms.max(0) as f64 / 1000.0);
     }
 }
 
-/// Buckets of `hermes_decision_publish_seconds` (ms).
-const DECISION_BUCKETS_MS: &[i64] = &[5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000];
+/// Buckets of `hermes_decision_publish_seconds`.
+const DECISION_BUCKETS_S: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram::new(DECISION_BUCKETS_MS)
+        Histogram(prometheus_client::metrics::histogram::Histogram::new(
+            DECISION_BUCKETS_S,
+        ))
     }
 }
 
@@ -118,7 +106,8 @@ pub struct Metrics {
     pub config_reload_rejected: AtomicU64,
     dead_letters: Mutex<BTreeMap<&'static str, u64>>,
     channels: Mutex<BTreeMap<String, ChannelGauges>>,
-    weight_changes: Mutex<BTreeMap<String, u64>>,
+    /// (group, channel) → published weight changes.
+    weight_changes: Mutex<BTreeMap<(String, String), u64>>,
     groups: Mutex<BTreeMap<String, GroupGauges>>,
     /// Request partition → lag in records.
     lag: Mutex<BTreeMap<i32, i64>>,
@@ -126,7 +115,18 @@ pub struct Metrics {
     owned: Mutex<std::collections::BTreeSet<i32>>,
     /// What `/readyz` answers.
     pub readiness: Readiness,
+    /// The last alerts produced, one line each, newest last.
+    recent_alerts: Mutex<std::collections::VecDeque<String>>,
+    /// (group, channel or "", kind, severity) → alerts produced: what the
+    /// alert rules page on (bounded: channels come from the config).
+    alerts_by_kind: Mutex<BTreeMap<AlertSeries, u64>>,
 }
+
+/// (group, channel or "", kind, severity): one `hermes_alerts_total` series.
+type AlertSeries = (String, String, &'static str, &'static str);
+
+/// How many alert lines [`Metrics::recent_alerts`] keeps.
+const RECENT_ALERTS: usize = 8;
 
 /// A dependency `/readyz` reports on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -162,6 +162,8 @@ impl Dependency {
 #[derive(Default)]
 pub struct Readiness {
     problems: Mutex<BTreeMap<Dependency, String>>,
+    /// Every dependency checked at least once (`hermes_up` lists these).
+    seen: Mutex<std::collections::BTreeSet<Dependency>>,
     /// The request loop received an assignment (possibly empty).
     assigned: std::sync::atomic::AtomicBool,
     /// Owned partitions still replaying or catching up.
@@ -173,6 +175,7 @@ impl Readiness {
     /// per change (a dependency that stays down is not a log line per
     /// retry). `target` names the address tried.
     pub fn set(&self, dep: Dependency, target: &str, problem: Option<String>) {
+        lock(&self.seen).insert(dep);
         let mut problems = lock(&self.problems);
         match problem {
             Some(p) => {
@@ -195,6 +198,20 @@ impl Readiness {
 
     pub fn set_catching_up(&self, partitions: u32) {
         self.catching_up.store(partitions, Ordering::Relaxed);
+    }
+
+    /// Every dependency checked so far, and whether it was up at its last
+    /// check.
+    pub fn up(&self) -> Vec<(Dependency, bool)> {
+        let problems = lock(&self.problems);
+        lock(&self.seen)
+            .iter()
+            .map(|d| (*d, !problems.contains_key(d)))
+            .collect()
+    }
+
+    pub fn catching_up(&self) -> u32 {
+        self.catching_up.load(Ordering::Relaxed)
     }
 
     /// `Ok` when ready; otherwise every reason it is not.
@@ -222,15 +239,38 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 impl Metrics {
     pub fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an alert Kafka acknowledged and keeps its line for people.
+    pub fn alert_produced(&self, a: &crate::alert::AlertEvent) {
+        Metrics::inc(&self.alerts_produced);
+        *lock(&self.alerts_by_kind)
+            .entry((
+                a.route_group.clone(),
+                a.channel_id.clone().unwrap_or_default(),
+                a.kind.as_str(),
+                a.severity.as_str(),
+            ))
+            .or_default() += 1;
+        let mut recent = lock(&self.recent_alerts);
+        if recent.len() == RECENT_ALERTS {
+            recent.pop_front();
+        }
+        recent.push_back(format!(
+            "{} {:<8} {:<3} {}",
+            crate::wall_clock::utc(a.event_time_ms),
+            a.kind.as_str(),
+            a.severity.as_str(),
+            a.message
+        ));
+    }
+
+    /// The last alerts produced, oldest first.
+    pub fn recent_alerts(&self) -> Vec<String> {
+        lock(&self.recent_alerts).iter().cloned().collect()
     }
 
     pub fn dead_letter(&self, kind: &'static str) {
@@ -272,7 +312,7 @@ impl Metrics {
             let mut changes = lock(&self.weight_changes);
             for (k, w) in &g.weights {
                 if old.weights.get(k).is_some_and(|o| (o - w).abs() > 1e-9) {
-                    *changes.entry(k.1.clone()).or_default() += 1;
+                    *changes.entry((group.to_string(), k.1.clone())).or_default() += 1;
                 }
             }
         }
@@ -290,390 +330,503 @@ impl Metrics {
         lock(&self.groups).remove(group);
     }
 
-    /// Prometheus text exposition format 0.0.4.
-    pub fn render_prometheus(&self) -> String {
-        let mut s = String::new();
-        self.render_counters(&mut s);
-        self.render_instance(&mut s);
-        self.render_channels(&mut s);
-        self.render_groups(&mut s);
-        s
+    /// The exposition, rendered by `prometheus-client` in the Prometheus
+    /// text format 0.0.4 (what `promtool check metrics` reads).
+    pub fn render_prometheus(self: &std::sync::Arc<Self>) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Exporter(self.clone())));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        out
     }
 
-    /// The process-wide counters.
-    /// Every plain counter: name, help, value.
-    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 17] {
-        [
-            ("hermes_outputs_delivered_total", "Output records (alerts, dead letters, health reports) acknowledged.", &self.outputs_delivered),
-            ("hermes_outputs_undelivered_total", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &self.outputs_undelivered),
-            ("hermes_health_reports_undelivered_total", "Health reports not delivered (best effort: the next one replaces them).", &self.health_reports_undelivered),
-            (
-                "hermes_events_consumed_total",
-                "Records read from the request topic.",
-                &self.events_consumed,
-            ),
-            (
-                "hermes_events_applied_total",
-                "Events applied to the engine.",
-                &self.events_applied,
-            ),
-            (
-                "hermes_events_replayed_total",
-                "Events re-applied to rebuild windows after an assignment.",
-                &self.events_replayed,
-            ),
-            (
-                "hermes_events_duplicate_total",
-                "Events ignored as duplicates (same event id).",
-                &self.duplicates,
-            ),
-            (
-                "hermes_events_too_late_total",
-                "Events older than the allowed lateness.",
-                &self.too_late,
-            ),
-            (
-                "hermes_alerts_produced_total",
-                "Alert events produced.",
-                &self.alerts_produced,
-            ),
-            (
-                "hermes_health_reports_total",
-                "Health reports produced to the health topic.",
-                &self.health_reports,
-            ),
-            (
-                "hermes_snapshots_written_total",
-                "New snapshot versions written to Redis.",
-                &self.snapshots_written,
-            ),
-            (
-                "hermes_snapshot_heartbeats_total",
-                "Snapshot heartbeat refreshes.",
-                &self.snapshot_heartbeats,
-            ),
-            (
-                "hermes_snapshot_failures_total",
-                "Snapshot writes that failed after retries.",
-                &self.snapshot_failures,
-            ),
-            (
-                "hermes_snapshots_refused_stale_total",
-                "Snapshot writes refused because a newer writer owns the group.",
-                &self.snapshots_refused_stale,
-            ),
-            (
-                "hermes_offset_commits_total",
-                "Offset commits.",
-                &self.commits,
-            ),
-            (
-                "hermes_config_reloads_total",
-                "Config reloads applied.",
-                &self.config_reloads,
-            ),
-            (
-                "hermes_config_reloads_rejected_total",
-                "Config reloads refused (invalid file).",
-                &self.config_reload_rejected,
-            ),
-        ]
-    }
-
-    fn render_counters(&self, s: &mut String) {
-        for (name, help, c) in self.counters() {
-            let _ = writeln!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-    }
-
-    /// Decision latency, dead letters, partitions held and consumer lag.
-    fn render_instance(&self, s: &mut String) {
-        self.decision_publish.render(
-            "hermes_decision_publish_seconds",
-            "From handling the record that changed a channel's state to Redis acknowledging the snapshot that carries it.",
-            s,
-        );
-        let _ = writeln!(s, "# HELP hermes_dead_letters_total Records sent to the dead-letter topic, by reason kind.\n# TYPE hermes_dead_letters_total counter");
-        for (k, n) in lock(&self.dead_letters).iter() {
-            let _ = writeln!(s, "hermes_dead_letters_total{{kind=\"{k}\"}} {n}");
-        }
-        let _ = writeln!(s, "# HELP hermes_partition_assigned Request partitions this instance holds.\n# TYPE hermes_partition_assigned gauge");
-        for p in lock(&self.owned).iter() {
-            let _ = writeln!(s, "hermes_partition_assigned{{partition=\"{p}\"}} 1");
-        }
-        let _ = writeln!(s, "# HELP hermes_consumer_lag Records between the last applied offset and the high watermark.\n# TYPE hermes_consumer_lag gauge");
-        for (p, lag) in lock(&self.lag).iter() {
-            let _ = writeln!(s, "hermes_consumer_lag{{partition=\"{p}\"}} {lag}");
-        }
-    }
-
-    /// Per channel this instance evaluates: score, weight factor, latency,
-    /// error rate and state.
-    fn render_channels(&self, s: &mut String) {
-        let channels = lock(&self.channels).clone();
-        let gauge =
-            |s: &mut String, name: &str, help: &str, f: &dyn Fn(&ChannelGauges) -> Option<f64>| {
-                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
-                for (id, g) in &channels {
-                    if let Some(v) = f(g) {
-                        let _ = writeln!(
-                            s,
-                            "{name}{{group=\"{}\",channel=\"{}\"}} {v}",
-                            esc(&g.group),
-                            esc(id)
-                        );
-                    }
-                }
-            };
-        gauge(
-            s,
-            "hermes_channel_score",
-            "Health score (0 healthy .. 1 failing).",
-            &|g| g.score,
-        );
-        gauge(
-            s,
-            "hermes_channel_health_weight",
-            "State-machine weight factor.",
-            &|g| Some(g.health_weight),
-        );
-        gauge(
-            s,
-            "hermes_channel_p50_ms",
-            "Latency P50 over the short window.",
-            &|g| g.p50_ms,
-        );
-        gauge(
-            s,
-            "hermes_channel_p99_ms",
-            "Latency P99 over the short window.",
-            &|g| g.p99_ms,
-        );
-        gauge(
-            s,
-            "hermes_channel_error_rate",
-            "Hard-failure rate over the short window.",
-            &|g| g.error_rate,
-        );
-        let _ = writeln!(s, "# HELP hermes_channel_state 1 for the channel's current state.\n# TYPE hermes_channel_state gauge");
-        for (id, g) in &channels {
-            let _ = writeln!(
-                s,
-                "hermes_channel_state{{group=\"{}\",channel=\"{}\",state=\"{}\"}} 1",
-                esc(&g.group),
-                esc(id),
-                g.state
-            );
-        }
-    }
-
-    /// Per group this instance writes: published weights, shed shares,
-    /// snapshot versions; and weight changes.
-    fn render_groups(&self, s: &mut String) {
+    /// This instance's part of the fleet, with the columns `hermes status`
+    /// shows: the channels its partitions evaluate and the groups it writes.
+    pub fn status_view(
+        &self,
+        overrides: &super::overrides::Overrides,
+    ) -> super::status::StatusView {
+        use super::status::{ChannelRow, GroupRow, StatusView};
+        let now = crate::wall_clock::now_ms();
         let groups = lock(&self.groups).clone();
-        let _ = writeln!(s, "# HELP hermes_channel_weight Published routing weight per class.\n# TYPE hermes_channel_weight gauge");
-        for (group, g) in &groups {
-            for ((class, channel), w) in &g.weights {
-                let _ = writeln!(
-                    s,
-                    "hermes_channel_weight{{group=\"{}\",class=\"{class}\",channel=\"{}\"}} {w}",
-                    esc(group),
-                    esc(channel)
-                );
-            }
+        let channels = lock(&self.channels).clone();
+        let mut view = StatusView {
+            source: format!(
+                "hermes instance {} (its own channels; `hermes status` shows the fleet)",
+                std::process::id()
+            ),
+            generated_ms: now,
+            ..Default::default()
+        };
+        for (id, g) in &groups {
+            view.groups.push(GroupRow {
+                group: id.clone(),
+                epoch: Some(g.epoch),
+                version: Some(g.version),
+                age_ms: (g.heartbeat_ms > 0).then(|| (now - g.heartbeat_ms).max(0)),
+                manual: g.manual,
+                shed: g.shed.clone(),
+                projected_spend_per_hour: Some(g.projected_spend_per_hour),
+                note: (!g.waiting_for.is_empty())
+                    .then(|| format!("warming up: waiting for {}", g.waiting_for.join(", "))),
+            });
         }
-        let _ = writeln!(s, "# HELP hermes_channel_weight_changes_total Published weight changes.\n# TYPE hermes_channel_weight_changes_total counter");
-        for (channel, n) in lock(&self.weight_changes).iter() {
-            let _ = writeln!(
-                s,
-                "hermes_channel_weight_changes_total{{channel=\"{}\"}} {n}",
-                esc(channel)
-            );
+        for (id, c) in &channels {
+            let weights = groups
+                .get(&c.group)
+                .map(|g| {
+                    g.weights
+                        .iter()
+                        .filter(|((_, ch), _)| ch == id)
+                        .map(|((class, _), w)| (class.clone(), *w))
+                        .collect()
+                })
+                .unwrap_or_default();
+            view.channels.push(ChannelRow {
+                channel: id.clone(),
+                group: c.group.clone(),
+                state: c.state.clone(),
+                score: c.score,
+                signals: c.signals.clone(),
+                weights,
+                pin: c.pinned.then(|| "pinned".to_string()),
+            });
         }
-        let _ = writeln!(s, "# HELP hermes_group_shed Published share of a class's requests to shed.\n# TYPE hermes_group_shed gauge");
-        for (group, g) in &groups {
-            for (class, x) in &g.shed {
-                let _ = writeln!(
-                    s,
-                    "hermes_group_shed{{group=\"{}\",class=\"{class}\"}} {x}",
-                    esc(group)
-                );
-            }
-        }
-        let _ = writeln!(s, "# HELP hermes_group_snapshot_version Version of the last snapshot written.\n# TYPE hermes_group_snapshot_version gauge");
-        for (group, g) in &groups {
-            let _ = writeln!(
-                s,
-                "hermes_group_snapshot_version{{group=\"{}\",epoch=\"{}\"}} {}",
-                esc(group),
-                g.epoch,
-                g.version
-            );
-        }
-    }
-
-    /// The status view: one line per channel this instance evaluates, then
-    /// the groups it writes.
-    pub fn render_status(&self) -> String {
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "{:<16} {:<12} {:<11} {:>6} {:>7} {:>8} {:>7} {:>5}",
-            "channel", "group", "state", "score", "weight", "p99_ms", "err_%", "part"
-        );
-        for (id, g) in lock(&self.channels).iter() {
-            let _ = writeln!(
-                s,
-                "{:<16} {:<12} {:<11} {:>6} {:>7.2} {:>8} {:>7} {:>5}",
-                id,
-                g.group,
-                g.state,
-                g.score.map_or("-".into(), |v| format!("{v:.2}")),
-                g.health_weight,
-                g.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
-                g.error_rate
-                    .map_or("-".into(), |v| format!("{:.1}", v * 100.0)),
-                g.partition
-            );
-        }
-        let groups = lock(&self.groups);
-        if groups.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nno snapshot written by this instance (warming up, or another instance writes the groups)"
-            );
-        } else {
-            let _ = writeln!(s, "\ngroups written by this instance:");
-        }
-        for (group, g) in groups.iter() {
-            let _ = writeln!(
-                s,
-                "{group}: epoch {} version {} heartbeat_ms {}{}",
-                g.epoch,
-                g.version,
-                g.heartbeat_ms,
-                if g.waiting_for.is_empty() {
-                    String::new()
-                } else {
-                    format!("  (waiting for {})", g.waiting_for.join(", "))
-                }
-            );
-            for ((class, channel), w) in &g.weights {
-                let _ = writeln!(s, "  {class:<13} {channel:<16} {w:.3}");
-            }
-        }
-        let _ = writeln!(
-            s,
-            "\nconsumed {} applied {} dead-lettered {} duplicates {} alerts {}",
-            self.events_consumed.load(Ordering::Relaxed),
-            self.events_applied.load(Ordering::Relaxed),
-            self.dead_letters_total(),
-            self.duplicates.load(Ordering::Relaxed),
-            self.alerts_produced.load(Ordering::Relaxed)
-        );
-        s
+        view.with_overrides(overrides)
     }
 }
 
-/// Serves `/metrics`, `/status`, `/healthz` (the process answers) and
-/// `/readyz` (ready, or 503 with every reason it is not) until the task is
-/// dropped.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
+/// Reads [`Metrics`] at scrape time for `prometheus-client`.
+#[derive(Debug)]
+struct Exporter(std::sync::Arc<Metrics>);
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Every state a channel can be in: `hermes_channel_state` is one-hot
+/// over these.
+const STATES: [StateKind; 5] = [
+    StateKind::Healthy,
+    StateKind::AtRisk,
+    StateKind::Drained,
+    StateKind::Observing,
+    StateKind::Recovering,
+];
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// One gauge family: name, help, unit, and a value per label set.
+fn gauges<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: impl IntoIterator<Item = (Labels<'a>, f64)>,
+) -> std::fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+    for (labels, v) in rows {
+        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// One counter family (`_total` is appended).
+fn counters<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Labels<'a>, u64)>,
+) -> std::fmt::Result {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn one(v: f64) -> [(Labels<'static>, f64); 1] {
+    [(Vec::new(), v)]
+}
+
+impl prometheus_client::collector::Collector for Exporter {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let m = &*self.0;
+        for (name, help, c) in m.counters() {
+            counters(
+                &mut enc,
+                name,
+                help,
+                [(Vec::new(), c.load(Ordering::Relaxed))],
+            )?;
+        }
+        m.encode_instance(&mut enc)?;
+        m.encode_channels(&mut enc)?;
+        m.encode_groups(&mut enc)
+    }
+}
+
+impl Metrics {
+    /// Every plain counter: name (without `_total`), help, value.
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 17] {
+        [
+            ("hermes_outputs_delivered", "Output records (alerts, dead letters, health reports) acknowledged by Kafka.", &self.outputs_delivered),
+            ("hermes_outputs_undelivered", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &self.outputs_undelivered),
+            ("hermes_health_reports_undelivered", "Health reports not delivered (best effort: the next one replaces them).", &self.health_reports_undelivered),
+            ("hermes_events_consumed", "Records read from the request topic.", &self.events_consumed),
+            ("hermes_events_applied", "Events applied to the engine.", &self.events_applied),
+            ("hermes_events_replayed", "Events re-applied to rebuild windows after an assignment.", &self.events_replayed),
+            ("hermes_events_duplicate", "Events ignored as duplicates (same event id).", &self.duplicates),
+            ("hermes_events_too_late", "Events older than the allowed lateness.", &self.too_late),
+            ("hermes_alerts_produced", "Alert events produced.", &self.alerts_produced),
+            ("hermes_health_reports", "Health reports produced to the health topic.", &self.health_reports),
+            ("hermes_snapshots_written", "New snapshot versions written to Redis.", &self.snapshots_written),
+            ("hermes_snapshot_heartbeats", "Snapshot heartbeat refreshes.", &self.snapshot_heartbeats),
+            ("hermes_snapshot_failures", "Snapshot writes that failed after retries.", &self.snapshot_failures),
+            ("hermes_snapshots_refused_stale", "Snapshot writes refused because a newer writer owns the group.", &self.snapshots_refused_stale),
+            ("hermes_offset_commits", "Offset commits.", &self.commits),
+            ("hermes_config_reloads", "Config reloads applied.", &self.config_reloads),
+            ("hermes_config_reloads_rejected", "Config reloads refused (invalid file, or a restart-only change).", &self.config_reload_rejected),
+        ]
+    }
+
+    /// Build, dependencies, warm-up, decision latency, dead letters,
+    /// partitions held and consumer lag.
+    fn encode_instance(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        gauges(
+            enc,
+            "hermes_build_info",
+            "Always 1; the labels name the build.",
+            None,
+            [(vec![("version", env!("CARGO_PKG_VERSION"))], 1.0)],
+        )?;
+        let up = self.readiness.up();
+        gauges(
+            enc,
+            "hermes_up",
+            "1 when the dependency answered its last check, 0 when it did not.",
+            None,
+            up.iter()
+                .map(|(d, ok)| (vec![("dependency", d.as_str())], f64::from(u8::from(*ok)))),
+        )?;
+        gauges(
+            enc,
+            "hermes_partitions_catching_up",
+            "Owned request partitions still replaying their window or catching up (no health reports from them yet).",
+            None,
+            one(f64::from(self.readiness.catching_up())),
+        )?;
+        let h = enc.encode_descriptor(
+            "hermes_decision_publish",
+            "From handling the record that changed a channel's state to Redis acknowledging the snapshot that carries it.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        self.decision_publish.0.encode(h)?;
+        let by_kind = lock(&self.alerts_by_kind).clone();
+        counters(
+            enc,
+            "hermes_alerts",
+            "Alert events produced, by group, channel (empty for group alerts), kind and severity.",
+            by_kind.iter().map(|((g, c, k, s), n)| {
+                (
+                    vec![
+                        ("group", g.as_str()),
+                        ("channel", c.as_str()),
+                        ("kind", *k),
+                        ("severity", *s),
+                    ],
+                    *n,
+                )
+            }),
+        )?;
+        let dead = lock(&self.dead_letters).clone();
+        counters(
+            enc,
+            "hermes_dead_letters",
+            "Records sent to the dead-letter topic, by reason kind.",
+            dead.iter().map(|(k, n)| (vec![("kind", *k)], *n)),
+        )?;
+        let owned: Vec<String> = lock(&self.owned).iter().map(|p| p.to_string()).collect();
+        gauges(
+            enc,
+            "hermes_partition_assigned",
+            "Request partitions this instance holds (1 per partition).",
+            None,
+            owned.iter().map(|p| (vec![("partition", p.as_str())], 1.0)),
+        )?;
+        let lag: Vec<(String, i64)> = lock(&self.lag)
+            .iter()
+            .map(|(p, l)| (p.to_string(), *l))
+            .collect();
+        gauges(
+            enc,
+            "hermes_consumer_lag_records",
+            "Records between the last applied offset and the high watermark, per request partition.",
+            None,
+            lag.iter()
+                .map(|(p, l)| (vec![("partition", p.as_str())], *l as f64)),
+        )
+    }
+
+    /// Per channel this instance evaluates.
+    fn encode_channels(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let channels = lock(&self.channels).clone();
+        let rows = |f: &dyn Fn(&ChannelGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
+            channels
+                .iter()
+                .filter_map(|(id, g)| {
+                    f(g).map(|v| {
+                        (
+                            vec![("group", g.group.as_str()), ("channel", id.as_str())],
+                            v,
+                        )
+                    })
+                })
+                .collect()
         };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            // Read the request head (up to a blank line, 8 KiB at most):
-            // closing with unread input would reset the connection and
-            // truncate the response.
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-                match tokio::time::timeout_at(deadline, sock.read(&mut chunk)).await {
-                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
-                    Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        gauges(
+            enc,
+            "hermes_channel_score",
+            "Health score, 0 healthy .. 1 failing (the state machine's input).",
+            None,
+            rows(&|g| g.score),
+        )?;
+        gauges(
+            enc,
+            "hermes_channel_health_weight",
+            "Weight factor the state (or a pin) implies, 0 .. 1, before the scheduler's shares.",
+            None,
+            rows(&|g| Some(g.health_weight)),
+        )?;
+        gauges(
+            enc,
+            "hermes_channel_pinned",
+            "1 while an operator pin holds the channel's weight.",
+            None,
+            rows(&|g| Some(f64::from(u8::from(g.pinned)))),
+        )?;
+        gauges(
+            enc,
+            "hermes_channel_error_ratio",
+            "Hard-failure rate over the short window.",
+            None,
+            rows(&|g| g.error_rate),
+        )?;
+        gauges(enc, "hermes_channel_bad_outcome_ratio", "Hard failures and bad answers (truncated, garbled, schema-invalid, short) over judged outcomes.", None, rows(&|g| g.failure_rate))?;
+        // Window quantiles of a t-digest, not a summary: promlint reserves
+        // the `quantile` label for summaries, so the label is `percentile`.
+        let mut latency = Vec::new();
+        for (id, g) in &channels {
+            for (pct, v) in [("50", g.p50_ms), ("99", g.p99_ms)] {
+                if let Some(v) = v {
+                    latency.push((
+                        vec![
+                            ("group", g.group.as_str()),
+                            ("channel", id.as_str()),
+                            ("percentile", pct),
+                        ],
+                        v / 1000.0,
+                    ));
                 }
             }
-            let n = buf.len();
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "text/plain; version=0.0.4",
-                    metrics.render_prometheus(),
-                ),
-                "/status" | "/" => (
-                    "200 OK",
-                    "text/plain; charset=utf-8",
-                    metrics.render_status(),
-                ),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
-                "/readyz" => match metrics.readiness.check() {
-                    Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
-                    Err(reasons) => (
-                        "503 Service Unavailable",
-                        "text/plain",
-                        format!("not ready:\n{}\n", reasons.join("\n")),
-                    ),
-                },
-                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
+        }
+        let mut signals = Vec::new();
+        for (id, g) in &channels {
+            for (signal, v) in &g.signal_values {
+                signals.push((
+                    vec![
+                        ("group", g.group.as_str()),
+                        ("channel", id.as_str()),
+                        ("signal", *signal),
+                    ],
+                    *v,
+                ));
+            }
+        }
+        gauges(enc, "hermes_channel_signal", "Each measured signal in its own unit (the signal label names it: _ms, _rate, relative_ ratios); too few samples: absent.", None, signals)?;
+        let mut contributions = Vec::new();
+        for (id, g) in &channels {
+            for (signal, c) in &g.signals {
+                contributions.push((
+                    vec![
+                        ("group", g.group.as_str()),
+                        ("channel", id.as_str()),
+                        ("signal", signal.as_str()),
+                    ],
+                    *c,
+                ));
+            }
+        }
+        gauges(
+            enc,
+            "hermes_channel_score_contribution",
+            "The signals adding most to the score, and how much (they sum to at most the score).",
+            None,
+            contributions,
+        )?;
+        gauges(
+            enc,
+            "hermes_channel_latency",
+            "Latency percentile over the short window (a t-digest estimate).",
+            Some(Unit::Seconds),
+            latency,
+        )?;
+        let mut states = Vec::new();
+        for (id, g) in &channels {
+            for s in STATES {
+                let on = g.state == s.as_str();
+                states.push((
+                    vec![
+                        ("group", g.group.as_str()),
+                        ("channel", id.as_str()),
+                        ("state", s.as_str()),
+                    ],
+                    f64::from(u8::from(on)),
+                ));
+            }
+        }
+        gauges(
+            enc,
+            "hermes_channel_state",
+            "1 for the channel's current state, 0 for the others.",
+            None,
+            states,
+        )
+    }
+
+    /// Per group this instance writes.
+    fn encode_groups(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let groups = lock(&self.groups).clone();
+        let now = crate::wall_clock::now_ms();
+        let per_group = |f: &dyn Fn(&GroupGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
+            groups
+                .iter()
+                .filter_map(|(id, g)| f(g).map(|v| (vec![("group", id.as_str())], v)))
+                .collect()
+        };
+        let mut weights = Vec::new();
+        let mut shed = Vec::new();
+        for (group, g) in &groups {
+            for ((class, channel), w) in &g.weights {
+                weights.push((
+                    vec![
+                        ("group", group.as_str()),
+                        ("class", class.as_str()),
+                        ("channel", channel.as_str()),
+                    ],
+                    *w,
+                ));
+            }
+            for (class, x) in &g.shed {
+                shed.push((
+                    vec![("group", group.as_str()), ("class", class.as_str())],
+                    *x,
+                ));
+            }
+        }
+        gauges(
+            enc,
+            "hermes_channel_weight",
+            "Published routing weight per class (what gateways read).",
+            None,
+            weights,
+        )?;
+        gauges(
+            enc,
+            "hermes_group_shed_ratio",
+            "Published share of a class's requests to shed.",
+            None,
+            shed,
+        )?;
+        let changes = lock(&self.weight_changes).clone();
+        counters(
+            enc,
+            "hermes_channel_weight_changes",
+            "Published weight changes of a channel (any class).",
+            changes
+                .iter()
+                .map(|((g, c), n)| (vec![("group", g.as_str()), ("channel", c.as_str())], *n)),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_snapshot_version",
+            "Version of the last snapshot written.",
+            None,
+            per_group(&|g| Some(g.version as f64)),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_writer_epoch",
+            "Writer epoch of this instance for the group (a takeover takes a higher one).",
+            None,
+            per_group(&|g| Some(g.epoch as f64)),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_snapshot_age",
+            "Wall time since this writer last wrote or refreshed the group's snapshot.",
+            Some(Unit::Seconds),
+            per_group(&|g| {
+                (g.heartbeat_ms > 0).then(|| (now - g.heartbeat_ms).max(0) as f64 / 1000.0)
+            }),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_manual",
+            "1 while an operator froze the group's weights (manual mode).",
+            None,
+            per_group(&|g| Some(f64::from(u8::from(g.manual)))),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_warming_up",
+            "1 while the writer waits for channels to be evaluated before its first plan.",
+            None,
+            per_group(&|g| Some(f64::from(u8::from(!g.waiting_for.is_empty())))),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_projected_spend_per_hour",
+            "Spend per hour the published plan projects, in the config's cost unit.",
+            None,
+            per_group(&|g| Some(g.projected_spend_per_hour)),
+        )?;
+        gauges(
+            enc,
+            "hermes_group_budget_per_hour",
+            "The group's configured budget per hour (absent: no budget).",
+            None,
+            per_group(&|g| g.budget_per_hour),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn a_request_head_split_over_two_writes_gets_the_whole_response() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(l, std::sync::Arc::new(Metrics::default())));
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        c.write_all(b"GET /met").await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        c.write_all(b"rics HTTP/1.0\r\nAccept: */*\r\n\r\n")
-            .await
-            .unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).await.unwrap();
-        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        assert!(out.contains("hermes_events_consumed_total 0"), "{out}");
-        server.abort();
-    }
+    use std::sync::Arc;
 
     #[test]
-    fn exposition_has_a_state_line_per_channel_and_counts_weight_changes() {
-        let m = Metrics::default();
+    fn exposition_is_one_hot_per_state_and_counts_weight_changes() {
+        let m = Arc::new(Metrics::default());
         m.set_channel(
             "free",
             ChannelGauges {
                 group: "chat".into(),
                 state: "DRAINED".into(),
                 score: Some(0.9),
+                p99_ms: Some(2_500.0),
                 ..Default::default()
             },
         );
-        let mut g = GroupGauges::default();
+        let mut g = GroupGauges {
+            epoch: 7,
+            ..Default::default()
+        };
         g.weights.insert(("CORE".into(), "free".into()), 0.3);
         m.set_group("chat", g.clone());
         g.weights.insert(("CORE".into(), "free".into()), 0.0);
@@ -681,11 +834,44 @@ mod tests {
         m.set_group("chat", g);
         m.dead_letter("malformed");
         let text = m.render_prometheus();
-        assert!(text
-            .contains("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"DRAINED\"} 1"));
-        assert!(text.contains("hermes_channel_weight_changes_total{channel=\"free\"} 1"));
-        assert!(text.contains("hermes_dead_letters_total{kind=\"malformed\"} 1"));
-        assert!(text.contains("hermes_group_shed{group=\"chat\",class=\"BATCH\"} 0.25"));
-        assert!(m.render_status().contains("DRAINED"));
+        let has =
+            |line: &str| assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        has("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"DRAINED\"} 1.0");
+        has("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"HEALTHY\"} 0.0");
+        has("hermes_channel_weight_changes_total{group=\"chat\",channel=\"free\"} 1");
+        has("hermes_dead_letters_total{kind=\"malformed\"} 1");
+        has("hermes_group_shed_ratio{group=\"chat\",class=\"BATCH\"} 0.25");
+        has("hermes_group_writer_epoch{group=\"chat\"} 7.0");
+        has(
+            "hermes_channel_latency_seconds{group=\"chat\",channel=\"free\",percentile=\"99\"} 2.5",
+        );
+        assert!(text.contains("hermes_build_info{version="), "{text}");
+        let five_states = text
+            .lines()
+            .filter(|l| l.starts_with("hermes_channel_state{"))
+            .count();
+        assert_eq!(five_states, 5, "{text}");
+    }
+
+    #[test]
+    fn the_status_view_joins_a_channel_with_its_group_weights() {
+        let m = Metrics::default();
+        m.set_channel(
+            "free",
+            ChannelGauges {
+                group: "chat".into(),
+                state: "DRAINED".into(),
+                signals: vec![("truncation_rate".into(), 0.4)],
+                ..Default::default()
+            },
+        );
+        let mut g = GroupGauges::default();
+        g.weights.insert(("CORE".into(), "free".into()), 0.0);
+        g.weights.insert(("CORE".into(), "paid".into()), 1.0);
+        m.set_group("chat", g);
+        let view = m.status_view(&Default::default());
+        assert_eq!(view.channels.len(), 1);
+        assert_eq!(view.channels[0].weights["CORE"], 0.0);
+        assert!(view.render().contains("truncation_rate 0.40"));
     }
 }

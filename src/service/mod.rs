@@ -24,15 +24,17 @@
 //! config watcher. Any loop failing stops the process with an error: what it
 //! had not committed is handled again by the instance that takes over.
 
-pub mod command;
 pub mod groups;
+pub mod http;
 pub mod kafka;
 pub mod metrics;
+pub mod overrides;
 pub mod partition;
 pub mod rebalance;
 pub mod registry;
 pub mod requests;
 pub mod state_store;
+pub mod status;
 pub mod topics;
 
 use crate::config::{Config, ConfigFile, Runtime};
@@ -134,8 +136,8 @@ pub enum Store {
 /// A running service: its loops, and how to stop it.
 pub struct Service {
     pub metrics: Arc<metrics::Metrics>,
-    /// Operator commands (pins, freezes) for the loops that carry them out.
-    pub commands: command::Commands,
+    /// Operator overrides: set, clear, list (the control API's back end).
+    pub control: Arc<overrides::Control>,
     stop: Arc<AtomicBool>,
     done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
     request_thread: Option<std::thread::JoinHandle<()>>,
@@ -161,13 +163,36 @@ impl Service {
         let stop = Arc::new(AtomicBool::new(false));
         let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
         let mut tasks = Vec::new();
+        let control = Arc::new(overrides::Control::new(
+            match &store {
+                Store::Redis => overrides::Store::redis(&runtime.redis.url)?,
+                Store::InProcess(_) => overrides::Store::InProcess(Default::default()),
+            },
+            cfg_rx.clone(),
+            runtime.service.override_tombstone_ms,
+        ));
+        // Before the loops start, so a group taken over is frozen before
+        // its first write; Redis down: the sync task keeps trying.
+        if let Err(e) = control.refresh().await {
+            tracing::warn!(error = %e, "operator overrides not read yet; retrying");
+        }
+        tasks.push(tokio::spawn(overrides::sync(
+            control.clone(),
+            Duration::from_millis(runtime.service.override_poll_ms as u64),
+            stop.clone(),
+        )));
         let listen = &runtime.service.http_listen;
         if !listen.is_empty() {
             let l = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
-            tracing::info!(listen = %listen, "serving /metrics and /status");
-            tasks.push(tokio::spawn(metrics::serve(l, metrics.clone())));
+            tracing::info!(listen = %listen, "serving /metrics, /status, /healthz, /readyz and /v1/overrides");
+            let api = http::Api {
+                metrics: metrics.clone(),
+                control: control.clone(),
+                token: runtime.service.control_token(),
+            };
+            tasks.push(tokio::spawn(http::serve(l, api)));
         }
         tasks.push(tokio::spawn(topics::ensure(
             runtime.kafka.clone(),
@@ -193,7 +218,6 @@ impl Service {
         let producer = kafka::output_producer(&runtime.kafka, metrics.clone())
             .context("creating the producer")?;
         let producer = Arc::new(producer);
-        let (commands, inboxes) = command::Commands::new();
         let request_loop = requests::RequestLoop::new(requests::LoopParts {
             cfg_rx: cfg_rx.clone(),
             runtime: runtime.clone(),
@@ -204,7 +228,7 @@ impl Service {
             metrics: metrics.clone(),
             instance,
             stop: stop.clone(),
-            commands: inboxes.requests,
+            overrides: control.subscribe(),
         })?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
@@ -213,14 +237,14 @@ impl Service {
             sink,
             metrics: metrics.clone(),
             stop: stop.clone(),
-            commands: inboxes.groups,
+            overrides: control.subscribe(),
             producer,
         };
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
         let request_thread = spawn_loops(request_loop, group_loop, done_tx, &mut tasks)?;
         Ok(Service {
             metrics,
-            commands,
+            control,
             stop,
             done,
             request_thread: Some(request_thread),

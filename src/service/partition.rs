@@ -9,6 +9,7 @@
 //! (`requests::Emitter`), with one failure policy.
 
 use super::metrics::ChannelGauges;
+use super::overrides::Overrides;
 use super::state_store::{SavedState, StateWrite};
 use crate::alert::AlertEvent;
 use crate::composition::{group_reports, ReportGate};
@@ -310,7 +311,7 @@ impl Partition {
 
     /// Pins or unpins `channel` at the current watermark, if this partition
     /// carries it (it has seen its events). Returns whether it did.
-    pub fn pin(&mut self, channel: &str, pin: Option<Pin>) -> bool {
+    pub fn pin(&mut self, channel: &str, pin: Option<Pin>, note: &str) -> bool {
         let carried = self
             .engine
             .channel_index(channel)
@@ -318,7 +319,48 @@ impl Partition {
         let Some(now) = self.engine.watermark_ms().filter(|_| carried) else {
             return false;
         };
-        self.engine.pin(channel, pin, now, &mut self.alerts)
+        self.engine.pin(channel, pin, now, note, &mut self.alerts)
+    }
+
+    /// Brings the pins of the channels this partition carries in line with
+    /// the operators' desired set: a pin in force and not desired (cleared,
+    /// lapsed) is released, a desired pin not in force is applied. Pins
+    /// already as desired are left alone, so calling this again raises
+    /// nothing. Returns how many pins changed.
+    pub fn reconcile_pins(&mut self, desired: &Overrides) -> usize {
+        let Some(now) = self.engine.watermark_ms() else {
+            return 0;
+        };
+        let want = |channel: &str| {
+            desired
+                .channels
+                .get(channel)
+                .filter(|o| o.live_at(now))
+                .and_then(|o| o.pin())
+        };
+        let mut changed = 0;
+        for (channel, _) in self.engine.pinned() {
+            if want(&channel).is_none() {
+                let note = desired.channels.get(&channel).map_or_else(
+                    || "no operator override stored: it lapsed or was removed".to_string(),
+                    |o| o.note(),
+                );
+                changed += usize::from(self.pin(&channel, None, &note));
+            }
+        }
+        for (channel, o) in &desired.channels {
+            let Some(pin) = want(channel) else {
+                continue;
+            };
+            let held = self
+                .engine
+                .channel_index(channel)
+                .map(|idx| self.engine.machine(idx).pin());
+            if held.is_some_and(|h| h != Some(pin)) {
+                changed += usize::from(self.pin(channel, Some(pin), &o.note()));
+            }
+        }
+        changed
     }
 
     /// What the engine produced since the last call. Alerts always; for the
@@ -362,15 +404,25 @@ impl Partition {
                     },
                 });
             }
-            let lat = self.engine.signals(idx).latency;
+            let measured = self.engine.signals(idx);
+            let lat = measured.latency;
+            let signal_values = crate::signals::SignalKind::ALL
+                .iter()
+                .filter_map(|k| measured.get(*k).map(|m| (k.name(), m.value)))
+                .filter(|(_, v)| v.is_finite())
+                .collect();
             let g = ChannelGauges {
                 group: h.group.clone(),
                 state: h.state.as_str().to_string(),
                 score: h.score,
+                signals: h.signals.clone(),
                 health_weight: h.weight,
+                pinned: h.pinned,
+                failure_rate: h.failure_rate,
                 p50_ms: lat.map(|l| l.p50_ms),
                 p99_ms: h.p99_ms,
                 error_rate: h.error_rate,
+                signal_values,
                 partition: self.id,
             };
             out.gauges.push((h.id.clone(), g));
@@ -449,14 +501,14 @@ mod tests {
         let mut p = partition(10);
         p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
         p.handled(0);
-        assert!(p.pin("free-a", Some(pin)));
+        assert!(p.pin("free-a", Some(pin), ""));
         assert!(p.outputs("i", || 0).alerts.is_empty());
         // Live: the same pin is an OVERRIDE alert out.
         let mut p = partition(0);
         p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
         p.handled(0);
-        assert!(p.pin("free-a", Some(pin)));
-        assert!(!p.pin("paid-a", Some(pin)), "not carried here");
+        assert!(p.pin("free-a", Some(pin), ""));
+        assert!(!p.pin("paid-a", Some(pin), ""), "not carried here");
         let out = p.outputs("i", || 0);
         assert_eq!(out.alerts.len(), 1);
         assert_eq!(out.alerts[0].kind, AlertKind::Override);

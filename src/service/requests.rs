@@ -26,10 +26,10 @@
 //! [`Emitter`] (the one place outputs leave, with one failure policy),
 //! committing, idle advance, config reloads and the operator command inbox.
 
-use super::command::Command;
 use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{Dependency, Metrics};
+use super::overrides::Overrides;
 use super::partition::{Applied, Outputs, Partition, Position, Refused};
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
@@ -45,7 +45,6 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,8 +69,8 @@ pub struct LoopParts {
     pub metrics: Arc<Metrics>,
     pub instance: String,
     pub stop: Arc<AtomicBool>,
-    /// Operator commands for the partitions' engines (pins).
-    pub commands: Receiver<Command>,
+    /// The operators' desired overrides (pins are carried out here).
+    pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
 }
 
 struct LoopState {
@@ -90,7 +89,7 @@ struct LoopState {
     /// DECODE_ERROR_SPIKE over every record this instance reads.
     dead_letters: crate::alert::DeadLetterRule,
     emitter: Emitter,
-    commands: Receiver<Command>,
+    overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// The last consumer error logged, and when.
     last_consumer_error: Option<(String, Instant)>,
 }
@@ -167,7 +166,7 @@ impl RequestLoop {
                 stop: parts.stop,
                 dead_letters,
                 emitter,
-                commands: parts.commands,
+                overrides: parts.overrides,
                 last_consumer_error: None,
             },
         })
@@ -247,7 +246,7 @@ impl Emitter {
             if !kafka::send(&self.producer, rec) {
                 anyhow::bail!("alert produce failed; not committing past it");
             }
-            Metrics::inc(&self.metrics.alerts_produced);
+            self.metrics.alert_produced(&a);
         }
         if let Some(store) = &self.store {
             for w in out.saves {
@@ -288,8 +287,13 @@ impl LoopState {
                 Some(Err(e)) => self.consumer_error(e),
                 None => {}
             }
-            self.handle_commands()?;
-            if Instant::now() >= next_housekeeping {
+            let housekeeping = Instant::now() >= next_housekeeping;
+            if housekeeping || self.overrides.has_changed().unwrap_or(false) {
+                // Also every round: a partition assigned, or a channel's
+                // first event, since the set last changed.
+                self.reconcile_overrides()?;
+            }
+            if housekeeping {
                 next_housekeeping = Instant::now() + Duration::from_millis(500);
                 self.housekeeping(consumer, drained)?;
             }
@@ -405,30 +409,16 @@ impl LoopState {
         self.cfg = cfg;
     }
 
-    /// Operator commands: a pin reaches the partitions that carry the
-    /// channel here; an instance that carries none of its events says so
-    /// (another instance's partition does).
-    fn handle_commands(&mut self) -> anyhow::Result<()> {
-        while let Ok(cmd) = self.commands.try_recv() {
-            match cmd {
-                Command::Pin { channel, pin } => {
-                    let mut applied = false;
-                    for part in self.partitions.values_mut().filter(|p| p.active) {
-                        if part.pin(&channel, pin) {
-                            applied = true;
-                            let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
-                            self.emitter.outputs(out)?;
-                        }
-                    }
-                    if applied {
-                        tracing::info!(channel = %channel, ?pin, "operator pin applied");
-                    } else {
-                        tracing::info!(channel = %channel, "operator pin: no partition here carries the channel");
-                    }
-                }
-                Command::Freeze { .. } => {
-                    tracing::debug!("group freeze is the group writer's; ignored here")
-                }
+    /// Operator pins: each partition brings the channels it carries in
+    /// line with the desired set; a change is an OVERRIDE alert out.
+    fn reconcile_overrides(&mut self) -> anyhow::Result<()> {
+        let desired = self.overrides.borrow_and_update().clone();
+        for part in self.partitions.values_mut().filter(|p| p.active) {
+            let changed = part.reconcile_pins(&desired);
+            if changed > 0 {
+                tracing::info!(partition = part.id, changed, "operator pins reconciled");
+                let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
+                self.emitter.outputs(out)?;
             }
         }
         Ok(())

@@ -274,6 +274,23 @@ impl Hermes {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, as a deploy stops it: the instance leaves the consumer
+    /// group (tansu strands a group whose SIGKILLed member led it). Waits
+    /// up to 30 s, then SIGKILLs.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.kill();
+    }
+
     pub fn log_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();

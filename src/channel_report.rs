@@ -1,0 +1,678 @@
+//! `hermes report`: the weekly channel report (seed 003) from the alert
+//! stream alone, as Markdown and as one self-contained HTML page.
+//!
+//! Every state change is a TRANSITION alert, so the alerts between `from`
+//! and `to` replay each channel's state machine over the period:
+//! - the state at `from` is the `to_state` of the channel's last
+//!   transition before it (HEALTHY when the stream holds none: said so in
+//!   the report);
+//! - **time in each state** and **availability** follow: available is the
+//!   share of the period in a routable state (HEALTHY, AT_RISK,
+//!   RECOVERING); DRAINED and OBSERVING (probes or a half-open share only)
+//!   count as unavailable;
+//! - an **incident** runs from a transition out of HEALTHY to the next
+//!   transition back into it (still open at `to` if none). It reports when
+//!   it began (Hermes detected it: the state left HEALTHY), the time from
+//!   there to the first DRAINED (time to drain), the time spent DRAINED,
+//!   and the time from its start to HEALTHY again (time to recover), with
+//!   the worst signals of its alerts (largest score contributions).
+//!   The fault's own start is not in the alert stream, so "time to detect"
+//!   measured from it belongs to the drills (`hermes simulate`), which know
+//!   it; this report starts the clock at the detection;
+//! - **overrides**: every OVERRIDE alert (who and why are in its message);
+//! - **spend** is not in the alert stream: the report says where it is
+//!   (`hermes_group_projected_spend_per_hour`) rather than guess it.
+//!
+//! Reading the stream is the caller's (a file of JSON lines, as `hermes
+//! simulate --alerts` writes, or the alert topic); this module is pure.
+
+use crate::alert::{AlertEvent, AlertKind};
+use crate::wall_clock::{age, utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// The states a channel can be in, in display order.
+const STATES: [&str; 5] = ["HEALTHY", "AT_RISK", "DRAINED", "OBSERVING", "RECOVERING"];
+
+/// Whether a state routes real traffic.
+fn routable(state: &str) -> bool {
+    matches!(state, "HEALTHY" | "AT_RISK" | "RECOVERING")
+}
+
+/// One incident of one channel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Incident {
+    /// When the channel left HEALTHY (Hermes detected it).
+    pub began_ms: i64,
+    /// The first state it went to.
+    pub first_state: String,
+    /// The first time it was DRAINED, if it was.
+    pub drained_ms: Option<i64>,
+    /// Total time DRAINED within the incident (to `to` if still open).
+    pub drained_for_ms: i64,
+    /// Back to HEALTHY; `None` while still open at the end of the period.
+    pub recovered_ms: Option<i64>,
+    /// Signal → the largest contribution it made to the score in the
+    /// incident's alerts; the worst first, at most three.
+    pub worst_signals: Vec<(String, f64)>,
+    /// P1 alerts raised for the channel during the incident.
+    pub p1_alerts: u32,
+}
+
+impl Incident {
+    pub fn time_to_drain_ms(&self) -> Option<i64> {
+        self.drained_ms.map(|d| d - self.began_ms)
+    }
+
+    pub fn time_to_recover_ms(&self) -> Option<i64> {
+        self.recovered_ms.map(|r| r - self.began_ms)
+    }
+}
+
+/// One operator override, as its alert says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverrideLine {
+    pub at_ms: i64,
+    pub reason: String,
+    pub message: String,
+}
+
+/// One channel over the period.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelPeriod {
+    pub channel: String,
+    pub group: String,
+    /// The state at the start of the period, and whether it was known (a
+    /// transition before `from`) or assumed HEALTHY.
+    pub initial_state: String,
+    pub initial_state_known: bool,
+    /// State → milliseconds spent in it within the period.
+    pub time_in_state_ms: BTreeMap<String, i64>,
+    /// Share of the period in a routable state.
+    pub availability: f64,
+    pub incidents: Vec<Incident>,
+    pub overrides: Vec<OverrideLine>,
+    /// Signal → largest contribution seen in any of the channel's alerts.
+    pub worst_signals: Vec<(String, f64)>,
+    /// Alerts naming the channel in the period, by kind.
+    pub alerts_by_kind: BTreeMap<String, u32>,
+    /// (start, end, state) segments covering the period, for the chart.
+    pub segments: Vec<(i64, i64, String)>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChannelReport {
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub alerts_read: usize,
+    pub channels: Vec<ChannelPeriod>,
+    /// Group-level alerts (correlated failure, freezes) in the period.
+    pub group_alerts: Vec<(String, i64, String, String)>,
+}
+
+fn top3(m: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = m.iter().map(|(k, x)| (k.clone(), *x)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.truncate(3);
+    v
+}
+
+fn note_worst(into: &mut BTreeMap<String, f64>, a: &AlertEvent) {
+    for (k, c) in &a.breakdown {
+        if *c > 0.0 {
+            let e = into.entry(k.clone()).or_insert(0.0);
+            *e = e.max(*c);
+        }
+    }
+}
+
+/// Replays one channel's alerts (sorted by time) over `[from, to)`.
+fn channel_period(
+    channel: &str,
+    group: &str,
+    alerts: &[&AlertEvent],
+    from: i64,
+    to: i64,
+) -> ChannelPeriod {
+    let before = alerts.iter().rev().find(|a| {
+        a.event_time_ms < from && a.kind == AlertKind::Transition && a.to_state.is_some()
+    });
+    let initial = before
+        .and_then(|a| a.to_state.clone())
+        .unwrap_or_else(|| "HEALTHY".to_string());
+    let mut p = ChannelPeriod {
+        channel: channel.to_string(),
+        group: group.to_string(),
+        initial_state_known: before.is_some(),
+        initial_state: initial.clone(),
+        time_in_state_ms: STATES.iter().map(|s| (s.to_string(), 0)).collect(),
+        availability: 0.0,
+        incidents: Vec::new(),
+        overrides: Vec::new(),
+        worst_signals: Vec::new(),
+        alerts_by_kind: BTreeMap::new(),
+        segments: Vec::new(),
+    };
+    let mut state = initial;
+    let mut since = from;
+    let mut worst = BTreeMap::new();
+    let mut open: Option<(Incident, BTreeMap<String, f64>)> = (state != "HEALTHY").then(|| {
+        (
+            Incident {
+                began_ms: from,
+                first_state: state.clone(),
+                drained_ms: (state == "DRAINED").then_some(from),
+                drained_for_ms: 0,
+                recovered_ms: None,
+                worst_signals: Vec::new(),
+                p1_alerts: 0,
+            },
+            BTreeMap::new(),
+        )
+    });
+    let close_segment =
+        |p: &mut ChannelPeriod,
+         state: &str,
+         since: i64,
+         until: i64,
+         open: &mut Option<(Incident, BTreeMap<String, f64>)>| {
+            if until > since {
+                *p.time_in_state_ms.entry(state.to_string()).or_default() += until - since;
+                p.segments.push((since, until, state.to_string()));
+                if state == "DRAINED" {
+                    if let Some((inc, _)) = open.as_mut() {
+                        inc.drained_for_ms += until - since;
+                    }
+                }
+            }
+        };
+    for a in alerts
+        .iter()
+        .filter(|a| (from..to).contains(&a.event_time_ms))
+    {
+        *p.alerts_by_kind
+            .entry(a.kind.as_str().to_string())
+            .or_default() += 1;
+        note_worst(&mut worst, a);
+        if let Some((inc, w)) = open.as_mut() {
+            note_worst(w, a);
+            if a.severity == crate::alert::Severity::P1 {
+                inc.p1_alerts += 1;
+            }
+        }
+        match a.kind {
+            AlertKind::Override => p.overrides.push(OverrideLine {
+                at_ms: a.event_time_ms,
+                reason: a.reason.clone(),
+                message: a.message.clone(),
+            }),
+            AlertKind::Transition => {
+                let Some(next) = a.to_state.clone() else {
+                    continue;
+                };
+                close_segment(&mut p, &state, since, a.event_time_ms, &mut open);
+                since = a.event_time_ms;
+                if state == "HEALTHY" && next != "HEALTHY" && open.is_none() {
+                    let mut w = BTreeMap::new();
+                    note_worst(&mut w, a);
+                    open = Some((
+                        Incident {
+                            began_ms: a.event_time_ms,
+                            first_state: next.clone(),
+                            drained_ms: None,
+                            drained_for_ms: 0,
+                            recovered_ms: None,
+                            worst_signals: Vec::new(),
+                            p1_alerts: u32::from(a.severity == crate::alert::Severity::P1),
+                        },
+                        w,
+                    ));
+                }
+                if let Some((inc, _)) = open.as_mut() {
+                    if next == "DRAINED" && inc.drained_ms.is_none() {
+                        inc.drained_ms = Some(a.event_time_ms);
+                    }
+                }
+                if next == "HEALTHY" {
+                    if let Some((mut inc, w)) = open.take() {
+                        inc.recovered_ms = Some(a.event_time_ms);
+                        inc.worst_signals = top3(&w);
+                        p.incidents.push(inc);
+                    }
+                }
+                state = next;
+            }
+            _ => {}
+        }
+    }
+    close_segment(&mut p, &state, since, to, &mut open);
+    if let Some((mut inc, w)) = open.take() {
+        inc.worst_signals = top3(&w);
+        p.incidents.push(inc);
+    }
+    let up: i64 = p
+        .time_in_state_ms
+        .iter()
+        .filter(|(s, _)| routable(s))
+        .map(|(_, t)| *t)
+        .sum();
+    p.availability = if to > from {
+        up as f64 / (to - from) as f64
+    } else {
+        1.0
+    };
+    p.worst_signals = top3(&worst);
+    p
+}
+
+/// The report over `[from_ms, to_ms)` from every alert read (those before
+/// `from_ms` only give the state each channel started in).
+pub fn build(alerts: &[AlertEvent], from_ms: i64, to_ms: i64) -> ChannelReport {
+    let mut sorted: Vec<&AlertEvent> = alerts.iter().collect();
+    sorted.sort_by_key(|a| a.event_time_ms);
+    let mut by_channel: BTreeMap<(String, String), Vec<&AlertEvent>> = BTreeMap::new();
+    let mut group_alerts = Vec::new();
+    for a in &sorted {
+        match &a.channel_id {
+            Some(c) => by_channel
+                .entry((c.clone(), a.route_group.clone()))
+                .or_default()
+                .push(a),
+            None if (from_ms..to_ms).contains(&a.event_time_ms) => group_alerts.push((
+                a.route_group.clone(),
+                a.event_time_ms,
+                a.kind.as_str().to_string(),
+                a.message.clone(),
+            )),
+            None => {}
+        }
+    }
+    ChannelReport {
+        from_ms,
+        to_ms,
+        alerts_read: alerts.len(),
+        channels: by_channel
+            .iter()
+            .map(|((c, g), a)| channel_period(c, g, a, from_ms, to_ms))
+            .collect(),
+        group_alerts,
+    }
+}
+
+fn opt_age(ms: Option<i64>) -> String {
+    ms.map_or("-".into(), age)
+}
+
+use crate::service::status::fmt_signals as signals_text;
+
+impl ChannelPeriod {
+    /// "HEALTHY 6d23h, AT_RISK 1m00s, …".
+    fn times_text(&self) -> String {
+        STATES
+            .iter()
+            .map(|st| {
+                format!(
+                    "{st} {}",
+                    age(self.time_in_state_ms.get(*st).copied().unwrap_or(0))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The incident table's header and one row's cells (Markdown and HTML).
+const INCIDENT_COLUMNS: [&str; 7] = [
+    "began (detected)",
+    "first state",
+    "time to drain",
+    "drained for",
+    "time to recover",
+    "P1 alerts",
+    "worst signals",
+];
+
+impl Incident {
+    fn cells(&self) -> [String; 7] {
+        [
+            utc(self.began_ms),
+            self.first_state.clone(),
+            opt_age(self.time_to_drain_ms()),
+            age(self.drained_for_ms),
+            self.time_to_recover_ms().map_or("still open".into(), age),
+            self.p1_alerts.to_string(),
+            signals_text(&self.worst_signals),
+        ]
+    }
+}
+
+impl ChannelReport {
+    /// The report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# Hermes channel report\n");
+        let _ = writeln!(
+            s,
+            "{} to {} ({}), from {} alerts.\n",
+            utc(self.from_ms),
+            utc(self.to_ms),
+            age(self.to_ms - self.from_ms),
+            self.alerts_read
+        );
+        let _ = writeln!(s, "Availability: share of the period in HEALTHY, AT_RISK or RECOVERING. An incident runs from leaving HEALTHY to coming back; its clock starts at the detection. Spend is not in the alert stream: see `hermes_group_projected_spend_per_hour`.\n");
+        let _ = writeln!(
+            s,
+            "| channel | group | availability | incidents | drained | worst signals | overrides |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+        for c in &self.channels {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2} % | {} | {} | {} | {} |",
+                c.channel,
+                c.group,
+                c.availability * 100.0,
+                c.incidents.len(),
+                age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0)),
+                signals_text(&c.worst_signals),
+                c.overrides.len()
+            );
+        }
+        for c in &self.channels {
+            let _ = writeln!(s, "\n## {} ({})\n", c.channel, c.group);
+            if !c.initial_state_known {
+                let _ = writeln!(
+                    s,
+                    "No transition before the period: assumed HEALTHY at its start.\n"
+                );
+            } else {
+                let _ = writeln!(s, "{} at the start of the period.\n", c.initial_state);
+            }
+            let _ = writeln!(s, "Time in each state: {}.\n", c.times_text());
+            if c.incidents.is_empty() {
+                let _ = writeln!(s, "No incident.");
+            } else {
+                let _ = writeln!(s, "| {} |", INCIDENT_COLUMNS.join(" | "));
+                let _ = writeln!(s, "|{}", "---|".repeat(INCIDENT_COLUMNS.len()));
+                for i in &c.incidents {
+                    let _ = writeln!(s, "| {} |", i.cells().join(" | "));
+                }
+            }
+            for o in &c.overrides {
+                let _ = writeln!(s, "\n- override at {}: {}", utc(o.at_ms), o.message);
+            }
+        }
+        if !self.group_alerts.is_empty() {
+            let _ = writeln!(s, "\n## Group alerts\n");
+            for (g, t, k, m) in &self.group_alerts {
+                let _ = writeln!(s, "- {} {g} {k}: {m}", utc(*t));
+            }
+        }
+        s
+    }
+
+    /// One self-contained HTML page: the same tables, and a state strip
+    /// per channel (inline SVG, no script, nothing fetched).
+    pub fn html(&self) -> String {
+        let esc = |t: &str| {
+            t.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        let colour = |st: &str| match st {
+            "HEALTHY" => "#2e7d32",
+            "AT_RISK" => "#f9a825",
+            "DRAINED" => "#c62828",
+            "OBSERVING" => "#ef6c00",
+            _ => "#1565c0",
+        };
+        let mut s = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>Hermes channel report</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f4f4f4}.legend span{display:inline-block;margin-right:1em}.sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}</style></head><body>");
+        let _ = write!(
+            s,
+            "<h1>Hermes channel report</h1><p>{} to {} ({}), from {} alerts. Availability: share of the period in HEALTHY, AT_RISK or RECOVERING. Spend is not in the alert stream: see <code>hermes_group_projected_spend_per_hour</code>.</p><p class=\"legend\">",
+            utc(self.from_ms),
+            utc(self.to_ms),
+            age(self.to_ms - self.from_ms),
+            self.alerts_read
+        );
+        for st in STATES {
+            let _ = write!(
+                s,
+                "<span><i class=\"sw\" style=\"background:{}\"></i>{st}</span>",
+                colour(st)
+            );
+        }
+        s.push_str("</p><table><tr><th>channel</th><th>group</th><th>availability</th><th>incidents</th><th>drained</th><th>worst signals</th><th>overrides</th></tr>");
+        for c in &self.channels {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td><td>{:.2} %</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&c.channel),
+                esc(&c.group),
+                c.availability * 100.0,
+                c.incidents.len(),
+                age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0)),
+                esc(&signals_text(&c.worst_signals)),
+                c.overrides.len()
+            );
+        }
+        s.push_str("</table>");
+        let span = (self.to_ms - self.from_ms).max(1) as f64;
+        for c in &self.channels {
+            let _ = write!(s, "<h2>{} ({})</h2>", esc(&c.channel), esc(&c.group));
+            let _ = write!(
+                s,
+                "<svg width=\"1000\" height=\"40\" role=\"img\" aria-label=\"state of {}\">",
+                esc(&c.channel)
+            );
+            for (a, b, st) in &c.segments {
+                let x = (a - self.from_ms) as f64 / span * 1000.0;
+                let w = ((b - a) as f64 / span * 1000.0).max(0.5);
+                let _ = write!(
+                    s,
+                    "<rect x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"24\" fill=\"{}\"><title>{st} {} .. {}</title></rect>",
+                    colour(st),
+                    utc(*a),
+                    utc(*b)
+                );
+            }
+            let _ = write!(
+                s,
+                "<text x=\"0\" y=\"38\" font-size=\"11\">{}</text><text x=\"1000\" y=\"38\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
+                utc(self.from_ms),
+                utc(self.to_ms)
+            );
+            let _ = write!(s, "<p>Time in each state: {}.</p>", c.times_text());
+            if !c.incidents.is_empty() {
+                let _ = write!(
+                    s,
+                    "<table><tr><th>{}</th></tr>",
+                    INCIDENT_COLUMNS.join("</th><th>")
+                );
+                for i in &c.incidents {
+                    let cells: Vec<String> = i.cells().iter().map(|c| esc(c)).collect();
+                    let _ = write!(s, "<tr><td>{}</td></tr>", cells.join("</td><td>"));
+                }
+                s.push_str("</table>");
+            }
+            for o in &c.overrides {
+                let _ = write!(
+                    s,
+                    "<p>Override at {}: {}</p>",
+                    utc(o.at_ms),
+                    esc(&o.message)
+                );
+            }
+        }
+        s.push_str("</body></html>\n");
+        s
+    }
+}
+
+/// A time as operators write it: `2026-11-24`, `2026-11-24T08:00:00Z`, or
+/// milliseconds since the epoch.
+pub fn parse_time_ms(text: &str) -> Result<i64, String> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<i64>() {
+        return Ok(ms);
+    }
+    let bad = || {
+        format!("`{text}`: a date (2026-11-24), a UTC time (2026-11-24T08:00:00Z) or epoch milliseconds")
+    };
+    let (date, time) = t.split_once('T').unwrap_or((t, "00:00:00Z"));
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let time = time.strip_suffix('Z').ok_or_else(bad)?;
+    let h: Vec<i64> = time
+        .split(':')
+        .map(|x| x.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    if d.len() != 3
+        || h.len() != 3
+        || !(1..=12).contains(&d[1])
+        || !(1..=31).contains(&d[2])
+        || h[0] > 23
+        || h[1] > 59
+        || h[2] > 60
+    {
+        return Err(bad());
+    }
+    // Howard Hinnant's days_from_civil.
+    let (y, m, day) = (if d[1] <= 2 { d[0] - 1 } else { d[0] }, d[1], d[2]);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Ok(((days * 86_400) + h[0] * 3600 + h[1] * 60 + h[2]) * 1000)
+}
+
+/// Alerts from JSON lines (`hermes simulate --alerts`); a line that does
+/// not parse is an error naming it.
+pub fn read_json_lines(text: &str) -> Result<Vec<AlertEvent>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::Severity;
+
+    fn transition(
+        t: i64,
+        from: &str,
+        to: &str,
+        sev: Severity,
+        breakdown: &[(&str, f64)],
+    ) -> AlertEvent {
+        AlertEvent {
+            alert_id: format!("a{t}"),
+            event_time_ms: t,
+            route_group: "chat".into(),
+            channel_id: Some("free-a".into()),
+            kind: AlertKind::Transition,
+            severity: sev,
+            from_state: Some(from.into()),
+            to_state: Some(to.into()),
+            reason: "r".into(),
+            score: None,
+            breakdown: breakdown.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            weight: None,
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn times_parse_as_written() {
+        assert_eq!(parse_time_ms("1970-01-01").unwrap(), 0);
+        assert_eq!(
+            parse_time_ms("2026-12-01T14:40:00Z").unwrap(),
+            1_796_136_000_000
+        );
+        assert_eq!(
+            utc(parse_time_ms("2024-02-29T23:59:59Z").unwrap()),
+            "2024-02-29T23:59:59Z"
+        );
+        assert_eq!(parse_time_ms("12345").unwrap(), 12_345);
+        assert!(parse_time_ms("2026-13-01").is_err());
+        assert!(parse_time_ms("yesterday").is_err());
+    }
+
+    #[test]
+    fn a_period_replays_states_incidents_and_availability() {
+        let m = 60_000;
+        let alerts = vec![
+            // Before the period: it started the period DRAINED.
+            transition(-5 * m, "HEALTHY", "DRAINED", Severity::P1, &[]),
+            transition(2 * m, "DRAINED", "OBSERVING", Severity::Info, &[]),
+            transition(4 * m, "OBSERVING", "RECOVERING", Severity::Info, &[]),
+            transition(6 * m, "RECOVERING", "HEALTHY", Severity::Info, &[]),
+            transition(
+                10 * m,
+                "HEALTHY",
+                "AT_RISK",
+                Severity::P2,
+                &[("p99_latency_ms", 0.2)],
+            ),
+            transition(
+                11 * m,
+                "AT_RISK",
+                "DRAINED",
+                Severity::P1,
+                &[("p99_latency_ms", 0.3), ("error_rate", 0.4)],
+            ),
+            transition(15 * m, "DRAINED", "OBSERVING", Severity::Info, &[]),
+        ];
+        let r = build(&alerts, 0, 20 * m);
+        let c = &r.channels[0];
+        assert!(c.initial_state_known);
+        assert_eq!(c.initial_state, "DRAINED");
+        assert_eq!(c.time_in_state_ms["DRAINED"], 2 * m + 4 * m);
+        assert_eq!(c.time_in_state_ms["OBSERVING"], 2 * m + 5 * m);
+        assert_eq!(c.time_in_state_ms["HEALTHY"], 4 * m);
+        let total: i64 = c.time_in_state_ms.values().sum();
+        assert_eq!(total, 20 * m, "the states cover the period");
+        // Routable: RECOVERING 2 + HEALTHY 4 + AT_RISK 1 of 20 minutes.
+        assert!((c.availability - 7.0 / 20.0).abs() < 1e-9);
+        assert_eq!(c.incidents.len(), 2);
+        let first = &c.incidents[0];
+        assert_eq!(
+            (first.began_ms, first.drained_ms, first.recovered_ms),
+            (0, Some(0), Some(6 * m))
+        );
+        let second = &c.incidents[1];
+        assert_eq!(second.time_to_drain_ms(), Some(m));
+        assert_eq!(second.drained_for_ms, 4 * m);
+        assert_eq!(second.recovered_ms, None, "still open at the end");
+        assert_eq!(second.worst_signals[0], ("error_rate".to_string(), 0.4));
+        assert_eq!(second.p1_alerts, 1);
+        let md = r.markdown();
+        assert!(md.contains("still open") && md.contains("35.00 %"), "{md}");
+        let html = r.html();
+        assert!(
+            html.contains("<svg") && !html.contains("<script"),
+            "self-contained"
+        );
+    }
+
+    #[test]
+    fn no_transition_before_the_period_assumes_healthy_and_says_so() {
+        let r = build(
+            &[transition(5_000, "HEALTHY", "AT_RISK", Severity::P2, &[])],
+            0,
+            10_000,
+        );
+        assert!(!r.channels[0].initial_state_known);
+        assert!(r.markdown().contains("assumed HEALTHY"));
+        assert!(read_json_lines("{nope").unwrap_err().starts_with("line 1"));
+    }
+}

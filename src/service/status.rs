@@ -1,0 +1,343 @@
+//! The status view, one table for two scopes: the whole fleet read from
+//! Redis (`hermes status`, no instance needed) and one instance's own
+//! channels and groups (`/status`). Both have the same columns and the same
+//! JSON (`--json`, `?format=json`).
+
+use super::overrides::{Action, Overrides};
+use super::state_store::SavedState;
+use crate::publish::WeightSnapshot;
+use crate::redis_keys::{snapshot_key, state_key, OVERRIDES_KEY};
+use crate::wall_clock::{age, utc};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// One route group.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupRow {
+    pub group: String,
+    /// The writer's epoch (a takeover takes a higher one); `None` before a
+    /// first snapshot.
+    pub epoch: Option<u64>,
+    pub version: Option<u64>,
+    /// Wall time since the snapshot was last written or refreshed.
+    pub age_ms: Option<i64>,
+    /// Weights frozen by an operator (manual mode).
+    pub manual: bool,
+    /// Class → share of its requests the gateways shed.
+    pub shed: BTreeMap<String, f64>,
+    pub projected_spend_per_hour: Option<f64>,
+    /// Anything else an operator should know (warming up, frozen by whom).
+    pub note: Option<String>,
+}
+
+/// One channel.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChannelRow {
+    pub channel: String,
+    pub group: String,
+    pub state: String,
+    pub score: Option<f64>,
+    /// The score's largest contributions, largest first.
+    pub signals: Vec<(String, f64)>,
+    /// Class → published routing weight.
+    pub weights: BTreeMap<String, f64>,
+    /// The operator pin in force: what, by whom, why, until when.
+    pub pin: Option<String>,
+}
+
+/// The whole view.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// Where it was read (`redis …` or `instance …`).
+    pub source: String,
+    pub generated_ms: i64,
+    pub groups: Vec<GroupRow>,
+    pub channels: Vec<ChannelRow>,
+}
+
+/// What each column means, printed under the tables.
+const LEGEND: &str = "\
+STATE   the channel's health state machine (HEALTHY, AT_RISK, DRAINED, OBSERVING, RECOVERING)
+SCORE   0 healthy .. 1 failing; WHY: the signals adding most to it
+WEIGHTS published routing weight per traffic class (what gateways read); SHED: share of a class shed
+AGE     since the writer last wrote or refreshed the snapshot (gateways alarm after 3 heartbeats)
+";
+
+fn fmt_weights(w: &BTreeMap<String, f64>) -> String {
+    if w.is_empty() {
+        return "-".into();
+    }
+    w.iter()
+        .map(|(c, x)| format!("{c}={x:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Signals and their contributions, for people (`-` when none).
+pub fn fmt_signals(s: &[(String, f64)]) -> String {
+    if s.is_empty() {
+        return "-".into();
+    }
+    s.iter()
+        .map(|(k, c)| format!("{k} {c:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl StatusView {
+    /// The tables for people, with the legend.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{} at {}\n", self.source, utc(self.generated_ms));
+        if self.groups.is_empty() {
+            let _ = writeln!(s, "no group written yet (no snapshot here)");
+        } else {
+            let _ = writeln!(
+                s,
+                "{:<14} {:>14} {:>8} {:>7} {:<7} {:<24} {:>10}  NOTE",
+                "GROUP", "WRITER EPOCH", "VERSION", "AGE", "MODE", "SHED", "SPEND/h"
+            );
+        }
+        for g in &self.groups {
+            let shed: BTreeMap<String, f64> = g
+                .shed
+                .iter()
+                .filter(|(_, x)| **x > 0.0)
+                .map(|(c, x)| (c.clone(), *x))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{:<14} {:>14} {:>8} {:>7} {:<7} {:<24} {:>10}  {}",
+                g.group,
+                g.epoch.map_or("-".into(), |e| e.to_string()),
+                g.version.map_or("-".into(), |v| v.to_string()),
+                g.age_ms.map_or("-".into(), age),
+                if g.manual { "FROZEN" } else { "auto" },
+                fmt_weights(&shed),
+                g.projected_spend_per_hour
+                    .map_or("-".into(), |x| format!("{x:.2}")),
+                g.note.as_deref().unwrap_or(""),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<16} {:<12} {:<10} {:>5}  {:<40} {:<44} PIN",
+            "CHANNEL", "GROUP", "STATE", "SCORE", "WHY (top signals)", "WEIGHTS"
+        );
+        for c in &self.channels {
+            let _ = writeln!(
+                s,
+                "{:<16} {:<12} {:<10} {:>5}  {:<40} {:<44} {}",
+                c.channel,
+                c.group,
+                c.state,
+                c.score.map_or("-".into(), |v| format!("{v:.2}")),
+                fmt_signals(&c.signals),
+                fmt_weights(&c.weights),
+                c.pin.as_deref().unwrap_or("-"),
+            );
+        }
+        let _ = write!(s, "\n{LEGEND}");
+        s
+    }
+
+    /// The pin column and the frozen note from the operators' overrides.
+    pub fn with_overrides(mut self, o: &Overrides) -> StatusView {
+        let now = self.generated_ms;
+        for c in &mut self.channels {
+            if let Some(ov) = o.channels.get(&c.channel) {
+                if ov.action != Action::Clear && ov.live_at(now) {
+                    c.pin = Some(ov.note());
+                }
+            }
+        }
+        for g in &mut self.groups {
+            if let Some(ov) = o.groups.get(&g.group) {
+                if ov.action == Action::Freeze && ov.live_at(now) {
+                    g.note = Some(ov.note());
+                }
+            }
+        }
+        self
+    }
+
+    /// Rows from a group's snapshot and its saved state machines.
+    fn add_group(
+        &mut self,
+        group: &str,
+        snap: Option<WeightSnapshot>,
+        machines: BTreeMap<String, SavedState>,
+    ) {
+        let mut row = GroupRow {
+            group: group.to_string(),
+            ..Default::default()
+        };
+        let mut channels: BTreeMap<String, ChannelRow> = BTreeMap::new();
+        if let Some(snap) = &snap {
+            row.epoch = Some(snap.epoch);
+            row.version = Some(snap.version);
+            row.age_ms = Some((self.generated_ms - snap.heartbeat_ms).max(0));
+            row.manual = snap.manual;
+            row.projected_spend_per_hour = Some(snap.projected_spend_per_hour);
+            for (class, cw) in &snap.classes {
+                row.shed.insert(class.clone(), cw.shed);
+                for (ch, w) in &cw.weights {
+                    channels
+                        .entry(ch.clone())
+                        .or_default()
+                        .weights
+                        .insert(class.clone(), *w);
+                }
+            }
+            for (ch, st) in &snap.channels {
+                let c = channels.entry(ch.clone()).or_default();
+                c.state = st.state.clone();
+                c.score = st.score;
+                c.signals = st.signals.clone();
+            }
+        } else {
+            row.note = Some("no snapshot: warming up, or no writer".into());
+        }
+        // The owner saves a machine on every change: fresher than the
+        // state the writer last planned with.
+        for (ch, saved) in machines {
+            let c = channels.entry(ch.clone()).or_default();
+            c.state = saved.machine.kind().as_str().to_string();
+            c.pin = saved.machine.pin().map(|p| describe_pin(&p));
+        }
+        for (id, mut c) in channels {
+            c.channel = id;
+            c.group = group.to_string();
+            self.channels.push(c);
+        }
+        self.groups.push(row);
+    }
+}
+
+/// A pin in force, when no override says who set it.
+pub fn describe_pin(p: &crate::state::Pin) -> String {
+    let what = match p.kind {
+        crate::state::PinKind::Drain => "drain".to_string(),
+        crate::state::PinKind::Weight(w) => format!("weight {w}"),
+    };
+    match p.until_ms {
+        Some(t) => format!("{what} until {}", utc(t)),
+        None => what,
+    }
+}
+
+/// The group of a `hermes:{GROUP}:…` key.
+fn group_of(key: &str) -> Option<&str> {
+    key.strip_prefix("hermes:{")?
+        .split_once("}:")
+        .map(|(g, _)| g)
+}
+
+/// The fleet as Redis holds it: every group with a snapshot or saved state
+/// machines, every channel in them, and the overrides. Needs no instance.
+pub async fn from_redis(url: &str) -> anyhow::Result<StatusView> {
+    let client = redis::Client::open(url)
+        .map_err(|e| anyhow::anyhow!("bad redis url {}: {e}", crate::publish::redact_url(url)))?;
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(3)))
+        .set_response_timeout(Some(Duration::from_secs(3)));
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!("redis {}: {e}", crate::publish::redact_url(url)))?;
+    let mut groups = BTreeSet::new();
+    for pattern in ["hermes:{*}:weights", "hermes:{*}:state"] {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut c)
+                .await?;
+            groups.extend(keys.iter().filter_map(|k| group_of(k)).map(str::to_string));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    let mut view = StatusView {
+        source: format!("hermes status: redis {}", crate::publish::redact_url(url)),
+        generated_ms: crate::wall_clock::now_ms(),
+        ..Default::default()
+    };
+    for group in groups {
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(snapshot_key(&group))
+            .query_async(&mut c)
+            .await?;
+        let snap = raw.and_then(|r| serde_json::from_str::<WeightSnapshot>(&r).ok());
+        let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(state_key(&group))
+            .query_async(&mut c)
+            .await?;
+        let machines = fields
+            .into_iter()
+            .filter_map(|(ch, json)| {
+                serde_json::from_str::<SavedState>(&json)
+                    .ok()
+                    .map(|s| (ch, s))
+            })
+            .collect();
+        view.add_group(&group, snap, machines);
+    }
+    let overrides: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(OVERRIDES_KEY)
+        .query_async(&mut c)
+        .await?;
+    Ok(view.with_overrides(&Overrides::from_fields(overrides)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_their_group() {
+        assert_eq!(group_of("hermes:{chat}:weights"), Some("chat"));
+        assert_eq!(group_of("hermes:{a:b}:state"), Some("a:b"));
+        assert_eq!(group_of("other"), None);
+    }
+
+    #[test]
+    fn the_table_explains_itself_and_shows_ages_and_reasons() {
+        let view = StatusView {
+            source: "test".into(),
+            generated_ms: 1_796_136_000_000,
+            groups: vec![GroupRow {
+                group: "chat".into(),
+                epoch: Some(7),
+                version: Some(42),
+                age_ms: Some(3_000),
+                ..Default::default()
+            }],
+            channels: vec![ChannelRow {
+                channel: "free-a".into(),
+                group: "chat".into(),
+                state: "DRAINED".into(),
+                score: Some(0.81),
+                signals: vec![("truncation_rate".into(), 0.4)],
+                weights: [("CORE".to_string(), 0.0)].into(),
+                pin: None,
+            }],
+        };
+        let text = view.render();
+        assert!(text.contains("2026-12-01T14:40:00Z"), "{text}");
+        assert!(text.contains("3s"), "{text}");
+        assert!(text.contains("truncation_rate 0.40"), "{text}");
+        assert!(text.contains("CORE=0.00"), "{text}");
+        assert!(text.contains("SCORE   0 healthy .. 1 failing"), "{text}");
+        let json = serde_json::to_string(&view).unwrap();
+        assert_eq!(serde_json::from_str::<StatusView>(&json).unwrap(), view);
+    }
+}
