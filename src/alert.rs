@@ -76,6 +76,36 @@ impl AlertEvent {
         })
     }
 
+    /// The record value for the alert topic: Confluent-framed with
+    /// `schema_id` (magic byte 0, the id big-endian, the datum), or a bare
+    /// datum when `None`.
+    pub fn to_record(&self, schema_id: Option<u32>) -> Result<Vec<u8>, crate::codec::CodecError> {
+        let datum = self.to_avro()?;
+        Ok(match schema_id {
+            Some(id) => {
+                let mut out = Vec::with_capacity(datum.len() + 5);
+                out.push(crate::codec::CONFLUENT_MAGIC);
+                out.extend_from_slice(&id.to_be_bytes());
+                out.extend_from_slice(&datum);
+                out
+            }
+            None => datum,
+        })
+    }
+
+    /// Decodes an alert record, framed or plain. Unambiguous for alerts: a
+    /// plain datum starts with the length of `alert_id`, which Hermes never
+    /// leaves empty, so its first byte is never the magic byte 0. The
+    /// schema id is not looked up: every alert schema version Hermes wrote
+    /// decodes with the current one (the contract test keeps them FULL
+    /// compatible).
+    pub fn from_record(bytes: &[u8]) -> Result<AlertEvent, crate::codec::CodecError> {
+        match bytes {
+            [crate::codec::CONFLUENT_MAGIC, _, _, _, _, datum @ ..] => AlertEvent::from_avro(datum),
+            _ => AlertEvent::from_avro(bytes),
+        }
+    }
+
     /// Decodes an alert datum (consumers and tests).
     pub fn from_avro(bytes: &[u8]) -> Result<AlertEvent, crate::codec::CodecError> {
         serde_avro_fast::from_datum_slice(bytes, crate::codec::alert_schema()).map_err(|e| {

@@ -422,6 +422,46 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     Ok(summary)
 }
 
+/// `hermes gateways`: the demo's simulated gateways against a real cluster
+/// and a real Redis (the compose stack's traffic source). They produce the
+/// scenario's traffic as Avro events to `topic` and route by the weights
+/// Hermes publishes for the scenario's group (by the static trust-tier
+/// table until the first snapshot), so the loop is closed; faults happen at
+/// the scenario's times from the start.
+pub struct GatewaysOptions {
+    pub scenario: Scenario,
+    pub bootstrap: String,
+    pub topic: String,
+    pub redis_url: String,
+    /// Wall-clock seconds to run; 0: until interrupted.
+    pub seconds: u64,
+}
+
+pub async fn run_gateways(opts: GatewaysOptions) -> anyhow::Result<u64> {
+    let sc = Arc::new(opts.scenario);
+    let cfg_text = sc.hermes_config_text(None).map_err(|e| anyhow!(e))?;
+    let cfg = Config::from_toml(&cfg_text).map_err(|e| anyhow!("scenario config: {e}"))?;
+    let (_, weights) = weight_source(&cfg, Some(&opts.redis_url))?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &opts.bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .context("creating the gateways' producer")?;
+    let counters: Arc<Counters> = Arc::new(Default::default());
+    let seconds = if opts.seconds == 0 {
+        u64::MAX / 4
+    } else {
+        opts.seconds
+    };
+    tracing::info!(group = %sc.gateway.group, bootstrap = %opts.bootstrap, "simulated gateways started");
+    tokio::select! {
+        _ = gateways(sc.clone(), opts.topic, producer.clone(), weights, Instant::now(), seconds, 0, counters.clone()) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    let _ = producer.flush(Duration::from_secs(5));
+    Ok(counters.0.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// Where the service publishes and the gateways read: Redis, or an
 /// in-process store. Until Hermes publishes, the gateways route by the
 /// config's trust-tier shares (their static table).
@@ -526,7 +566,7 @@ async fn read_outputs(
     summary: &mut DemoSummary,
 ) -> anyhow::Result<()> {
     for msg in read_back(bootstrap, &topics.alert_topic, summary.alerts_produced).await? {
-        if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_avro(p).ok()) {
+        if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_record(p).ok()) {
             summary.alerts_read_back += 1;
             if a.kind == crate::alert::AlertKind::Override {
                 let who = a

@@ -184,6 +184,27 @@ enum Command {
         #[arg(long)]
         http: Option<String>,
     },
+    /// The demo's simulated gateways against a real cluster and Redis: the
+    /// scenario's traffic as Avro events to the request topic, routed by
+    /// the weights Hermes publishes (a traffic source for the compose
+    /// stack, or for trying a config against a real broker).
+    Gateways {
+        /// Kafka bootstrap servers.
+        #[arg(long)]
+        bootstrap: String,
+        /// Redis holding the weights (Hermes' `redis.url`).
+        #[arg(long)]
+        redis: String,
+        /// The scenario: channels, traffic, faults (at their times from the
+        /// start). Its group and channels must be in Hermes' config.
+        #[arg(long)]
+        scenario: PathBuf,
+        #[arg(long, default_value = "hermes.requests")]
+        topic: String,
+        /// Wall-clock seconds to run; 0: until interrupted.
+        #[arg(long, default_value_t = 0)]
+        seconds: u64,
+    },
     /// Replay a fault scenario on a simulated clock through the engine and
     /// scheduler, closed loop, and report time to detect / drain / recover,
     /// flaps, false drains, harm and cost.
@@ -610,6 +631,7 @@ fn main() -> anyhow::Result<ExitCode> {
     // The service logs its decisions; the interactive commands only warnings.
     let (default_level, format) = match cli.command {
         Command::Run { log_format, .. } => ("info", log_format),
+        Command::Gateways { .. } => ("info", LogFormat::Text),
         _ => ("warn", LogFormat::Text),
     };
     init_logs(default_level, format);
@@ -626,6 +648,32 @@ fn main() -> anyhow::Result<ExitCode> {
             actor,
             action,
         } => ctl(url, token.clone(), actor.clone(), action),
+        Command::Gateways {
+            bootstrap,
+            redis,
+            scenario,
+            topic,
+            seconds,
+        } => {
+            let text = std::fs::read_to_string(scenario)
+                .with_context(|| format!("reading {}", scenario.display()))?;
+            let sc = Scenario::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let sent =
+                runtime.block_on(hermes::demo::run_gateways(hermes::demo::GatewaysOptions {
+                    scenario: sc,
+                    bootstrap: bootstrap.clone(),
+                    topic: topic.clone(),
+                    redis_url: redis.clone(),
+                    seconds: *seconds,
+                }))?;
+            println!("{sent} events produced");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Report {
             alerts,
             config,

@@ -485,36 +485,54 @@ struct FakeRegistry {
     asked: Arc<Mutex<Vec<u32>>>,
     /// While set, every request gets 503 (a registry outage).
     down: Arc<AtomicBool>,
+    /// (subject, schema, id) of every registration, in order.
+    registered: Arc<Mutex<Vec<(String, String, u32)>>>,
 }
 
 impl FakeRegistry {
     const KNOWN_ID: u32 = 7;
+    /// Registered schemas get ids from here on.
+    const FIRST_REGISTERED_ID: u32 = 100;
 
     fn start() -> FakeRegistry {
         use std::io::{Read, Write};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         let asked = Arc::new(Mutex::new(Vec::new()));
-        let a = asked.clone();
+        let registered = Arc::new(Mutex::new(Vec::<(String, String, u32)>::new()));
+        let (a, reg) = (asked.clone(), registered.clone());
         let down = Arc::new(AtomicBool::new(false));
         let is_down = down.clone();
         std::thread::spawn(move || {
             for mut s in l.incoming().flatten() {
                 let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
+                let mut buf = [0u8; 4096];
                 while !head.windows(4).any(|w| w == b"\r\n\r\n") {
                     match s.read(&mut buf) {
                         Ok(0) | Err(_) => break,
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let req = String::from_utf8_lossy(&head).to_string();
-                let id: u32 = req
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|p| p.rsplit('/').next())
-                    .and_then(|x| x.parse().ok())
+                let split = head
+                    .windows(4)
+                    .position(|w| w == b"\r\n\r\n")
+                    .map_or(head.len(), |p| p + 4);
+                let req = String::from_utf8_lossy(&head[..split]).to_string();
+                let mut body = head[split..].to_vec();
+                let length: usize = req
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
                     .unwrap_or(0);
+                while body.len() < length {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => body.extend_from_slice(&buf[..n]),
+                    }
+                }
                 if is_down.load(Ordering::Relaxed) {
                     let _ = write!(
                         s,
@@ -522,22 +540,77 @@ impl FakeRegistry {
                     );
                     continue;
                 }
-                a.lock().unwrap().push(id);
-                let _ = if id == Self::KNOWN_ID {
-                    let body = serde_json::json!({
-                        "schema": include_str!("../schemas/request_event.avsc")
-                    })
-                    .to_string();
-                    write!(
+                let mut words = req.split_whitespace();
+                let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                let path = path.split('?').next().unwrap_or("");
+                let reply = |s: &mut std::net::TcpStream, code: &str, body: String| {
+                    let _ = write!(
                         s,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{body}"
-                    )
-                } else {
-                    write!(s, "HTTP/1.1 404 Not Found\r\n\r\n{{\"error_code\":40403}}")
+                        "HTTP/1.1 {code}\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
                 };
+                if method == "POST" {
+                    // POST /subjects/{subject}/versions {"schema": "..."}
+                    let subject = path
+                        .strip_prefix("/subjects/")
+                        .and_then(|p| p.strip_suffix("/versions"))
+                        .unwrap_or("")
+                        .to_string();
+                    let schema = serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["schema"].as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    let mut r = reg.lock().unwrap();
+                    let id = r
+                        .iter()
+                        .find(|(_, sch, _)| *sch == schema)
+                        .map(|x| x.2)
+                        .unwrap_or(Self::FIRST_REGISTERED_ID + r.len() as u32);
+                    r.push((subject, schema, id));
+                    reply(
+                        &mut s,
+                        "200 OK",
+                        serde_json::json!({ "id": id }).to_string(),
+                    );
+                    continue;
+                }
+                // GET /schemas/ids/{id}
+                let id: u32 = path
+                    .strip_prefix("/schemas/ids/")
+                    .and_then(|x| x.split('/').next())
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0);
+                a.lock().unwrap().push(id);
+                let known = if id == Self::KNOWN_ID {
+                    Some(include_str!("../schemas/request_event.avsc").to_string())
+                } else {
+                    reg.lock()
+                        .unwrap()
+                        .iter()
+                        .find(|x| x.2 == id)
+                        .map(|x| x.1.clone())
+                };
+                match known {
+                    Some(schema) => reply(
+                        &mut s,
+                        "200 OK",
+                        serde_json::json!({ "schema": schema }).to_string(),
+                    ),
+                    None => reply(
+                        &mut s,
+                        "404 Not Found",
+                        "{\"error_code\":40403}".to_string(),
+                    ),
+                }
             }
         });
-        FakeRegistry { url, asked, down }
+        FakeRegistry {
+            url,
+            asked,
+            registered,
+            down,
+        }
     }
 
     fn set_down(&self, down: bool) {
@@ -1202,7 +1275,7 @@ fn a_schema_registry_outage_delays_framed_events_and_loses_none() {
     let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000).replace(
         "session_timeout_ms = 6000",
         &format!(
-            "session_timeout_ms = 6000\nschema_registry_url = \"{}\"",
+            "session_timeout_ms = 6000\nschema_registry_url = \"{}\"\nalert_wire_format = \"plain\"",
             registry.url
         ),
     );
@@ -1502,5 +1575,209 @@ fn an_operator_drains_a_channel_from_the_cli_and_it_survives_a_restart() {
             .any(|m| m.contains("bob") && m.contains("provider fixed")),
         "so does the release: {messages:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// #14 item 1: with a registry configured Hermes registers both schemas
+/// under their TopicNameStrategy subjects at start and writes every alert
+/// Confluent-framed with the registered id; a registry-aware consumer
+/// (Python confluent-kafka's AvroDeserializer against the registry) and
+/// apache-avro with the registered schema both read them, keyed by UTF-8
+/// channel ids.
+#[test]
+fn alerts_are_registry_framed_and_a_registry_aware_consumer_reads_them() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let registry = FakeRegistry::start();
+    let dir = dir();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000).replace(
+        "session_timeout_ms = 6000",
+        &format!(
+            "session_timeout_ms = 6000\nschema_registry_url = \"{}\"",
+            registry.url
+        ),
+    );
+    let hermes = Hermes::start(&dir, "a", &cfg, port);
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(30),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED",
+    );
+    drop(gw);
+
+    let reg = registry.registered.lock().unwrap().clone();
+    let subjects: Vec<&str> = reg.iter().map(|r| r.0.as_str()).collect();
+    assert!(
+        subjects.contains(&"hermes.alerts-value") && subjects.contains(&"hermes.requests-value"),
+        "TopicNameStrategy subjects: {subjects:?}"
+    );
+    let (_, alert_schema, alert_id) = reg
+        .iter()
+        .find(|r| r.0 == "hermes.alerts-value")
+        .unwrap()
+        .clone();
+    let records = read_topic(&kafka.bootstrap(), "hermes.alerts", 2);
+    assert!(records.len() >= 2, "alerts were raised");
+    let schema =
+        apache_avro::Schema::parse_str(&alert_schema).expect("the registered schema parses");
+    for m in &records {
+        let v = m.payload().unwrap();
+        assert_eq!(v[0], 0, "magic byte");
+        assert_eq!(
+            u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
+            alert_id,
+            "the registered id"
+        );
+        apache_avro::from_avro_datum(&schema, &mut &v[5..], None)
+            .expect("apache-avro reads the datum");
+        let a = AlertEvent::from_record(v).unwrap();
+        let key = std::str::from_utf8(m.key().unwrap()).expect("keys are UTF-8");
+        assert_eq!(key, a.channel_id.as_deref().unwrap_or(&a.route_group));
+    }
+
+    // A registry-aware consumer that knows nothing of Hermes.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/interop/alerts_consumer.py"
+    );
+    let have_python = std::process::Command::new("python3")
+        .args(["-c", "import confluent_kafka.schema_registry.avro"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_python {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI installs confluent-kafka for this test"
+        );
+        eprintln!("python3 with confluent-kafka not found: the Python consumer part is skipped");
+    } else {
+        let out = std::process::Command::new("python3")
+            .args([
+                script,
+                &kafka.bootstrap(),
+                &registry.url,
+                "hermes.alerts",
+                &records.len().to_string(),
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let read: Vec<serde_json::Value> = stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(read.len(), records.len(), "every alert deserialized");
+        assert!(
+            read.iter().any(|r| r["key"] == "free-a"
+                && r["value"]["kind"] == "TRANSITION"
+                && r["value"]["to_state"] == "DRAINED"),
+            "{stdout}"
+        );
+    }
+    assert!(
+        registry.requests().contains(&alert_id) || !have_python,
+        "the consumer looked the id up"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// #14 item 4's traffic source: `hermes gateways` produces a scenario's
+/// traffic to a real broker and routes by the weights Hermes publishes in
+/// Redis; the scenario's fault drains its channel, and the gateways follow.
+#[test]
+fn hermes_gateways_drive_a_real_cluster_until_the_faulty_channel_is_drained() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 60_000);
+    let log = SnapshotLog::start(&redis.url());
+    let scenario = dir.join("gateways.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+name = "gateways-test"
+duration_s = 120
+[gateway]
+probe_interval_s = 2
+[[channels]]
+id = "free-a"
+tier = "free"
+capacity_rps = 100
+[[channels.faults]]
+start_s = 25
+end_s = 120
+refuse_all = true
+[[channels]]
+id = "paid-a"
+tier = "paid"
+price_per_1k_tokens = 0.5
+capacity_rps = 100
+[[channels]]
+id = "paid-b"
+tier = "paid"
+price_per_1k_tokens = 0.6
+capacity_rps = 100
+[[traffic]]
+class = "core"
+rps = 30
+"#,
+    )
+    .unwrap();
+    let mut gw = std::process::Command::new(env!("CARGO_BIN_EXE_hermes"))
+        .args([
+            "gateways",
+            "--bootstrap",
+            &kafka.bootstrap(),
+            "--redis",
+            &redis.url(),
+            "--scenario",
+        ])
+        .arg(&scenario)
+        .args(["--seconds", "90"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a drained by the scenario's fault",
+        |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
+    );
+    let applied = hermes.metric("hermes_events_applied_total").unwrap_or(0.0);
+    assert!(
+        applied > 500.0,
+        "the gateways' events were consumed: {applied}"
+    );
+    let _ = gw.kill();
+    let _ = gw.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

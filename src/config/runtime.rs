@@ -62,6 +62,13 @@ pub struct KafkaConfig {
     /// How long the registry's "no such schema" is believed before the id
     /// is asked again (records with it are dead-lettered meanwhile).
     pub schema_registry_missing_ttl_ms: i64,
+    /// How alerts are framed on the alert topic: `confluent` (magic byte,
+    /// the schema id registered under `<alert_topic>-value`, then the
+    /// datum: what Kafka Connect, ksqlDB, Flink and every registry-aware
+    /// consumer read), `plain` (a bare datum of `schemas/alert_event.avsc`,
+    /// for registry-less setups), or `auto`: confluent when a registry is
+    /// configured, else plain.
+    pub alert_wire_format: crate::codec::WireFormat,
     /// Create missing topics at start (off: most clusters create topics
     /// with their own tooling; `/readyz` names the missing ones either way).
     pub create_topics: bool,
@@ -89,6 +96,7 @@ impl Default for KafkaConfig {
             schema_registry_password: String::new(),
             schema_registry_token: String::new(),
             schema_registry_missing_ttl_ms: 60_000,
+            alert_wire_format: crate::codec::WireFormat::Auto,
             create_topics: false,
             request_partitions: 12,
             replication_factor: -1,
@@ -98,6 +106,20 @@ impl Default for KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// Whether alerts are written Confluent-framed (see `alert_wire_format`).
+    pub fn frames_alerts(&self) -> bool {
+        match self.alert_wire_format {
+            crate::codec::WireFormat::Confluent => true,
+            crate::codec::WireFormat::Plain => false,
+            crate::codec::WireFormat::Auto => !self.schema_registry_url.is_empty(),
+        }
+    }
+
+    /// The TopicNameStrategy subject of a topic's values.
+    pub fn value_subject(topic: &str) -> String {
+        format!("{topic}-value")
+    }
+
     pub(super) fn validate(&self, v: &mut Issues) {
         let topics = [
             ("kafka.request_topic", &self.request_topic),
@@ -128,6 +150,12 @@ impl KafkaConfig {
             v.push(
                 "kafka.schema_registry_token",
                 "basic auth (schema_registry_username) or a bearer token, not both",
+            );
+        }
+        if self.alert_wire_format == crate::codec::WireFormat::Confluent && url.is_empty() {
+            v.push(
+                "kafka.alert_wire_format",
+                "confluent framing needs kafka.schema_registry_url (the schema id is registered there)",
             );
         }
         if self.request_partitions < 1 {

@@ -418,6 +418,8 @@ pub struct GroupLoopParts {
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Where the writers' OVERRIDE alerts go.
     pub producer: Arc<OutputProducer>,
+    /// Alerts are Confluent-framed with this id (registered at start).
+    pub alert_schema_id: Option<u32>,
 }
 
 pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
@@ -430,6 +432,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         stop,
         mut overrides,
         producer,
+        alert_schema_id,
     } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
     let Some(consumer) = connect_health(&runtime, &metrics, &stop).await else {
@@ -479,7 +482,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         // Every pass: a group taken over is frozen before its first write.
         let desired = overrides.borrow_and_update().clone();
         for alert in writers.reconcile_freezes(&desired) {
-            produce_alert(&producer, &writers.runtime, &alert)?;
+            produce_alert(&producer, &writers.runtime, &alert, alert_schema_id)?;
             writers.metrics.alert_produced(&alert);
         }
         writers.on_tick().await;
@@ -493,9 +496,10 @@ fn produce_alert(
     producer: &OutputProducer,
     rt: &Runtime,
     alert: &AlertEvent,
+    schema_id: Option<u32>,
 ) -> anyhow::Result<()> {
     let bytes = alert
-        .to_avro()
+        .to_record(schema_id)
         .map_err(|e| anyhow::anyhow!("alert encoding: {e}"))?;
     let rec = rdkafka::producer::BaseRecord::to(&rt.kafka.alert_topic)
         .key(alert.route_group.as_bytes())

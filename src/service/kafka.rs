@@ -269,7 +269,7 @@ pub fn read_alerts(
         }
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
-                match m.payload().map(crate::alert::AlertEvent::from_avro) {
+                match m.payload().map(crate::alert::AlertEvent::from_record) {
                     Some(Ok(a)) => alerts.push(a),
                     _ => undecodable += 1,
                 }

@@ -194,6 +194,8 @@ impl Service {
             };
             tasks.push(tokio::spawn(http::serve(l, api)));
         }
+        // Alerts carry the registered id from the first one on.
+        let registered = registry::register_schemas(&runtime.kafka, &metrics, &stop).await?;
         tasks.push(tokio::spawn(topics::ensure(
             runtime.kafka.clone(),
             metrics.clone(),
@@ -229,6 +231,7 @@ impl Service {
             instance,
             stop: stop.clone(),
             overrides: control.subscribe(),
+            alert_schema_id: registered.alert_schema_id,
         })?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
@@ -238,6 +241,7 @@ impl Service {
             metrics: metrics.clone(),
             stop: stop.clone(),
             overrides: control.subscribe(),
+            alert_schema_id: registered.alert_schema_id,
             producer,
         };
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();

@@ -39,6 +39,18 @@ pub enum Lookup {
     Missing,
 }
 
+/// Why a schema was not registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// The registry refused the schema (incompatible with the subject's
+    /// history, or invalid): retrying cannot help.
+    #[error("schema registry refused the schema: {0}")]
+    Refused(String),
+    /// The registry could not be asked or did not answer: retry.
+    #[error("schema registry unavailable: {0}")]
+    Unavailable(String),
+}
+
 impl Registry {
     /// A client for `kafka.schema_registry_url` (validated by the config).
     /// Secrets may come from `HERMES_SCHEMA_REGISTRY_PASSWORD` and
@@ -90,6 +102,49 @@ impl Registry {
         &self.base
     }
 
+    /// Registers `schema_json` under `subject` (TopicNameStrategy:
+    /// `<topic>-value`) and returns its id. Idempotent: a schema the subject
+    /// already holds answers its existing id. The registry refuses a schema
+    /// its compatibility level forbids (409): that is an error to fix, not
+    /// to retry.
+    pub fn register(&self, subject: &str, schema_json: &str) -> Result<u32, RegisterError> {
+        let body = serde_json::json!({ "schema": schema_json, "schemaType": "AVRO" }).to_string();
+        let mut req = self
+            .agent
+            .post(&format!("{}/subjects/{subject}/versions", self.base))
+            .set("Content-Type", "application/vnd.schemaregistry.v1+json")
+            .set(
+                "Accept",
+                "application/vnd.schemaregistry.v1+json, application/json",
+            );
+        if let Some(a) = &self.auth {
+            req = req.set("Authorization", a);
+        }
+        let resp = match req.send_string(&body) {
+            Ok(r) => r,
+            Err(ureq::Error::Status(code @ (409 | 422), r)) => {
+                return Err(RegisterError::Refused(format!(
+                    "HTTP {code}: {}",
+                    r.into_string().unwrap_or_default()
+                )))
+            }
+            Err(ureq::Error::Status(code, _)) => {
+                return Err(RegisterError::Unavailable(format!("HTTP {code}")))
+            }
+            Err(e) => return Err(RegisterError::Unavailable(e.to_string())),
+        };
+        #[derive(serde::Deserialize)]
+        struct Registered {
+            id: u32,
+        }
+        let text = resp
+            .into_string()
+            .map_err(|e| RegisterError::Unavailable(format!("reading the body: {e}")))?;
+        serde_json::from_str::<Registered>(&text)
+            .map(|r| r.id)
+            .map_err(|e| RegisterError::Unavailable(format!("unexpected body {text:?}: {e}")))
+    }
+
     /// Fetches and caches schema `id`. Err: the registry could not be asked
     /// or did not answer usefully (retry later; never a reason to discard).
     pub fn fetch(&mut self, id: u32) -> Result<Lookup, String> {
@@ -138,6 +193,81 @@ impl Registry {
             }
         }
     }
+}
+
+/// What `hermes run` registered at start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Registered {
+    /// The alert schema's id under `<alert_topic>-value`, when alerts are
+    /// framed (`kafka.alert_wire_format`).
+    pub alert_schema_id: Option<u32>,
+}
+
+/// Registers both schemas under their TopicNameStrategy subjects before the
+/// loops start, when alerts are to be framed: `<alert_topic>-value` (the id
+/// every alert carries) and `<request_topic>-value` (what gateways frame
+/// their events with; registering it also verifies that the registry's
+/// history of that subject accepts this build's schema). A registry that is
+/// down delays the start (retried with backoff, 1 s doubling to 30 s, while
+/// `/readyz` names it); one that refuses a schema stops it with the reason.
+pub async fn register_schemas(
+    kafka: &KafkaConfig,
+    metrics: &super::metrics::Metrics,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Registered> {
+    use super::metrics::Dependency;
+    if !kafka.frames_alerts() {
+        return Ok(Registered::default());
+    }
+    let registry = std::sync::Arc::new(Registry::new(kafka)?);
+    let subjects = [
+        (
+            KafkaConfig::value_subject(&kafka.alert_topic),
+            crate::codec::ALERT_EVENT_SCHEMA_JSON,
+        ),
+        (
+            KafkaConfig::value_subject(&kafka.request_topic),
+            crate::codec::REQUEST_EVENT_SCHEMA_JSON,
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (subject, schema) in subjects {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let r = registry.clone();
+            let sub = subject.clone();
+            let answer = tokio::task::spawn_blocking(move || r.register(&sub, schema)).await?;
+            match answer {
+                Ok(id) => {
+                    tracing::info!(%subject, schema_id = id, registry = %registry.url(), "schema registered");
+                    metrics
+                        .readiness
+                        .set(Dependency::SchemaRegistry, registry.url(), None);
+                    ids.push(id);
+                    break;
+                }
+                Err(e @ RegisterError::Refused(_)) => {
+                    anyhow::bail!("registering {subject} at {}: {e}", registry.url())
+                }
+                Err(e) => {
+                    metrics.readiness.set(
+                        Dependency::SchemaRegistry,
+                        registry.url(),
+                        Some(e.to_string()),
+                    );
+                    tracing::warn!(%subject, error = %e, retry_in_s = backoff.as_secs(), "schema not registered yet");
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        anyhow::bail!("stopped before {subject} was registered");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+    Ok(Registered {
+        alert_schema_id: ids.first().copied(),
+    })
 }
 
 #[cfg(test)]

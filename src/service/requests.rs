@@ -71,6 +71,8 @@ pub struct LoopParts {
     pub stop: Arc<AtomicBool>,
     /// The operators' desired overrides (pins are carried out here).
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
+    /// Alerts are Confluent-framed with this id (registered at start).
+    pub alert_schema_id: Option<u32>,
 }
 
 struct LoopState {
@@ -148,6 +150,7 @@ impl RequestLoop {
             producer: parts.producer,
             metrics: parts.metrics.clone(),
             store: parts.store.clone(),
+            alert_schema_id: parts.alert_schema_id,
         };
         Ok(RequestLoop {
             consumer,
@@ -210,6 +213,8 @@ struct Emitter {
     producer: Arc<OutputProducer>,
     metrics: Arc<Metrics>,
     store: Option<StateStore>,
+    /// `Some`: alerts are Confluent-framed with this schema id.
+    alert_schema_id: Option<u32>,
 }
 
 impl Emitter {
@@ -239,7 +244,9 @@ impl Emitter {
         let topics = &self.runtime.kafka;
         for a in out.alerts {
             let key = a.channel_id.as_deref().unwrap_or(&a.route_group);
-            let bytes = a.to_avro().map_err(|e| anyhow!("alert encoding: {e}"))?;
+            let bytes = a
+                .to_record(self.alert_schema_id)
+                .map_err(|e| anyhow!("alert encoding: {e}"))?;
             let rec = BaseRecord::to(&topics.alert_topic)
                 .key(key.as_bytes())
                 .payload(&bytes[..]);
