@@ -268,12 +268,22 @@ fn channel_period(
 }
 
 /// The report over `[from_ms, to_ms)` from every alert read (those before
-/// `from_ms` only give the state each channel started in).
-pub fn build(alerts: &[AlertEvent], from_ms: i64, to_ms: i64) -> ChannelReport {
+/// `from_ms` only give the state each channel started in). `catalogue`
+/// (channel, group) adds the configured channels that raised no alert, so
+/// a quiet channel shows as such instead of missing from the report.
+pub fn build(
+    alerts: &[AlertEvent],
+    from_ms: i64,
+    to_ms: i64,
+    catalogue: &[(String, String)],
+) -> ChannelReport {
     let mut sorted: Vec<&AlertEvent> = alerts.iter().collect();
     sorted.sort_by_key(|a| a.event_time_ms);
     let mut by_channel: BTreeMap<(String, String), Vec<&AlertEvent>> = BTreeMap::new();
     let mut group_alerts = Vec::new();
+    for (c, g) in catalogue {
+        by_channel.entry((c.clone(), g.clone())).or_default();
+    }
     for a in &sorted {
         match &a.channel_id {
             Some(c) => by_channel
@@ -632,8 +642,14 @@ mod tests {
             ),
             transition(15 * m, "DRAINED", "OBSERVING", Severity::Info, &[]),
         ];
-        let r = build(&alerts, 0, 20 * m);
-        let c = &r.channels[0];
+        let r = build(&alerts, 0, 20 * m, &[("paid-a".into(), "chat".into())]);
+        let quiet = r.channels.iter().find(|c| c.channel == "paid-a").unwrap();
+        assert_eq!(
+            (quiet.availability, quiet.incidents.len()),
+            (1.0, 0),
+            "a configured channel with no alert"
+        );
+        let c = r.channels.iter().find(|c| c.channel == "free-a").unwrap();
         assert!(c.initial_state_known);
         assert_eq!(c.initial_state, "DRAINED");
         assert_eq!(c.time_in_state_ms["DRAINED"], 2 * m + 4 * m);
@@ -670,6 +686,7 @@ mod tests {
             &[transition(5_000, "HEALTHY", "AT_RISK", Severity::P2, &[])],
             0,
             10_000,
+            &[],
         );
         assert!(!r.channels[0].initial_state_known);
         assert!(r.markdown().contains("assumed HEALTHY"));

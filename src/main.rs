@@ -112,7 +112,8 @@ enum Command {
         /// alert topic is read.
         #[arg(long)]
         alerts: Option<PathBuf>,
-        /// Read the alert topic with this config's `[kafka]` section.
+        /// The config: its channels are all reported (quiet ones too), and
+        /// without --alerts its `[kafka]` section says where the alerts are.
         #[arg(long, short)]
         config: Option<PathBuf>,
         /// Brokers to read the alert topic from (instead of a config).
@@ -564,20 +565,24 @@ fn report(a: ReportArgs<'_>) -> anyhow::Result<ExitCode> {
     if from >= to {
         bail!("--from must be before --to");
     }
-    let alerts = match (a.alerts, a.config, a.bootstrap) {
+    let file = a
+        .config
+        .map(|p| hermes::config::ConfigFile::from_file(p).map_err(|e| anyhow::anyhow!("{e}")))
+        .transpose()?;
+    let catalogue: Vec<(String, String)> = file
+        .iter()
+        .flat_map(|f| f.policy.groups.iter())
+        .flat_map(|g| g.channels.iter().map(move |c| (c.id.clone(), g.id.clone())))
+        .collect();
+    let alerts = match (a.alerts, &file, a.bootstrap) {
         (Some(p), _, _) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             read_json_lines(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
         }
-        (None, cfg, bootstrap) => {
-            let mut kafka = match cfg {
-                Some(p) => {
-                    hermes::config::ConfigFile::from_file(p)
-                        .map_err(|e| anyhow::anyhow!("{e}"))?
-                        .runtime
-                        .kafka
-                }
+        (None, file, bootstrap) => {
+            let mut kafka = match file {
+                Some(f) => f.runtime.kafka.clone(),
                 None => hermes::config::KafkaConfig::default(),
             };
             if let Some(b) = bootstrap {
@@ -597,7 +602,7 @@ fn report(a: ReportArgs<'_>) -> anyhow::Result<ExitCode> {
             alerts
         }
     };
-    let r = build(&alerts, from, to);
+    let r = build(&alerts, from, to, &catalogue);
     let md = a.out.with_extension("md");
     let html = a.out.with_extension("html");
     std::fs::write(&md, r.markdown()).with_context(|| format!("writing {}", md.display()))?;

@@ -25,7 +25,17 @@ fn the_report_finds_the_drills_detection_drain_and_recovery() {
         let (drill, run) = hermes::sim::drill(&sc, cfg, seed, None);
         let from = sc.start_ms;
         let to = sc.start_ms + (sc.duration_s * 1000.0) as i64;
-        let r = build(&run.alerts, from, to);
+        let catalogue: Vec<(String, String)> = sc
+            .channels
+            .iter()
+            .map(|c| (c.id.clone(), sc.gateway.group.clone()))
+            .collect();
+        let r = build(&run.alerts, from, to, &catalogue);
+        assert_eq!(
+            r.channels.len(),
+            sc.channels.len(),
+            "{name}/{seed}: every channel, quiet ones too"
+        );
         let at = |s: f64| from + (s * 1000.0).round() as i64;
         for c in drill.channels.iter().filter(|c| c.faulty) {
             let ch = r
@@ -98,7 +108,7 @@ fn the_report_finds_the_drills_detection_drain_and_recovery() {
         {
             let ch = r.channels.iter().find(|x| x.channel == c.id);
             assert!(
-                ch.is_none_or(|ch| ch.incidents.iter().all(|i| i.drained_ms.is_none())),
+                ch.is_some_and(|ch| ch.incidents.iter().all(|i| i.drained_ms.is_none())),
                 "{name}/{seed}: {} was never drained",
                 c.id
             );
