@@ -123,13 +123,13 @@ impl StatusView {
         }
         let _ = writeln!(
             s,
-            "\n{:<16} {:<12} {:<10} {:>5}  {:<40} {:<44} PIN",
+            "\n{:<16} {:<12} {:<10} {:>5}  {:<64} {:<44} PIN",
             "CHANNEL", "GROUP", "STATE", "SCORE", "WHY (top signals)", "WEIGHTS"
         );
         for c in &self.channels {
             let _ = writeln!(
                 s,
-                "{:<16} {:<12} {:<10} {:>5}  {:<40} {:<44} {}",
+                "{:<16} {:<12} {:<10} {:>5}  {:<64} {:<44} {}",
                 c.channel,
                 c.group,
                 c.state,
