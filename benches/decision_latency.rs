@@ -292,7 +292,7 @@ fn main() {
             .get("/metrics")
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.starts_with("hermes_consumer_lag{"))
+            .filter(|l| l.starts_with("hermes_consumer_lag_records{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum();
         eprintln!("  consumer lag now {lag:.0} records");

@@ -942,11 +942,14 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
 fn owns(h: &Hermes, channel: &str) -> Result<Option<String>, ()> {
     let text = h.get("/metrics").ok_or(())?;
     let prefix = format!("hermes_channel_state{{group=\"chat\",channel=\"{channel}\",state=\"");
+    // One-hot: the state whose line reads 1.
     Ok(text
         .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split('"').next())
-        .map(str::to_string))
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .find_map(|rest| {
+            let (state, value) = rest.split_once("\"} ")?;
+            (value.trim().parse::<f64>().ok()? == 1.0).then(|| state.to_string())
+        }))
 }
 
 /// The request partitions an instance holds (from its `/metrics`).
