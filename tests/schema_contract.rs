@@ -5,7 +5,9 @@
 //! them) with every released schema kept in `schemas/released/`.
 //!
 //! Releasing a schema: copy it to `schemas/released/<name>.<n>.avsc`. A
-//! change that breaks a released schema fails here before it ships.
+//! change that breaks a released schema fails here before it ships: by the
+//! checker, by real datums read across both ways, and for a renamed type by
+//! the alias it must keep.
 
 use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::Schema;
@@ -95,6 +97,175 @@ fn a_breaking_change_is_caught() {
         SchemaCompatibility::can_read(&removed, &released).is_err(),
         "an old reader needs latency_ms, which has no default"
     );
+}
+
+/// Beyond the checker: real datums cross every released schema both ways.
+/// What Hermes writes today is read by a reader holding a released schema,
+/// and what that released schema wrote is read by today's, through
+/// apache-avro's resolving decoder (names, aliases, enum defaults).
+#[test]
+fn datums_cross_every_released_schema_both_ways() {
+    let request = {
+        let mut bytes = Vec::new();
+        hermes::codec::Encoder::default()
+            .encode_plain(&sample_request(), &mut bytes)
+            .unwrap();
+        bytes
+    };
+    let alert = sample_alert().to_avro().unwrap();
+    for ((current, released), datum) in pairs().into_iter().zip([request, alert]) {
+        let new = parse(&current);
+        for old_path in released {
+            let old = parse(&old_path);
+            let as_old = apache_avro::from_avro_datum(&new, &mut datum.as_slice(), Some(&old))
+                .unwrap_or_else(|e| {
+                    panic!("{} cannot read today's datum: {e}", old_path.display())
+                });
+            let written_old = apache_avro::to_avro_datum(&old, as_old.clone()).unwrap();
+            let as_new =
+                apache_avro::from_avro_datum(&old, &mut written_old.as_slice(), Some(&new))
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "today's schema cannot read {}'s datum: {e}",
+                            old_path.display()
+                        )
+                    });
+            // Nothing was lost on the way: the same datum comes back.
+            let again = apache_avro::to_avro_datum(&new, as_new).unwrap();
+            assert_eq!(
+                again,
+                datum,
+                "{} -> {} -> today's changed the datum",
+                current.display(),
+                old_path.display()
+            );
+        }
+    }
+}
+
+/// A second implementation agrees: fastavro (what confluent-kafka's
+/// `AvroDeserializer` decodes with) resolves a datum of each current schema
+/// with every released one as the reader and the other way round
+/// (`tests/interop/schema_resolution.py`; `bash .ci/run` installs it).
+#[test]
+fn fastavro_resolves_every_released_schema_both_ways() {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("tests/interop/schema_resolution.py"))
+        .arg(root())
+        .output()
+        .expect("python3 is needed (bash .ci/run installs what the tests need)");
+    assert!(
+        out.status.success(),
+        "fastavro refused a resolution (or is missing: pip install fastavro): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The namespace carries no version (`hermes`, not `hermes.v1`), and every
+/// named type of a released schema whose full name changed keeps that name
+/// as an alias: Avro matches records and enums by their unqualified name,
+/// and readers that match full names strictly resolve through the alias.
+#[test]
+fn renamed_types_keep_their_released_names_as_aliases() {
+    fn named(json: &serde_json::Value, ns: &str, out: &mut Vec<(String, Vec<String>)>) {
+        match json {
+            serde_json::Value::Object(m) => {
+                let ns = m.get("namespace").and_then(|n| n.as_str()).unwrap_or(ns);
+                if let (Some(t), Some(name)) = (m.get("type"), m.get("name")) {
+                    if t == "record" || t == "enum" || t == "fixed" {
+                        let aliases = m
+                            .get("aliases")
+                            .and_then(|a| a.as_array())
+                            .map(|a| a.iter().filter_map(|x| x.as_str()).map(String::from))
+                            .into_iter()
+                            .flatten()
+                            .collect();
+                        out.push((format!("{ns}.{}", name.as_str().unwrap()), aliases));
+                    }
+                }
+                for v in m.values() {
+                    named(v, ns, out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| named(v, ns, out)),
+            _ => {}
+        }
+    }
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    for (current, released) in pairs() {
+        let json = read(&current);
+        assert_eq!(json["namespace"], "hermes", "{}", current.display());
+        let mut now = Vec::new();
+        named(&json, "", &mut now);
+        for old_path in released {
+            let mut then = Vec::new();
+            named(&read(&old_path), "", &mut then);
+            for (old_name, _) in then {
+                let short = old_name.rsplit('.').next().unwrap();
+                let (new_name, aliases) = now
+                    .iter()
+                    .find(|(n, _)| n.rsplit('.').next() == Some(short))
+                    .unwrap_or_else(|| panic!("{old_name} is gone from {}", current.display()));
+                assert!(
+                    *new_name == old_name || aliases.contains(&old_name),
+                    "{new_name} in {} was {old_name} in {}: keep the old name as an alias",
+                    current.display(),
+                    old_path.display()
+                );
+            }
+        }
+    }
+}
+
+fn sample_request() -> hermes::event::RequestEvent<'static> {
+    use hermes::event::*;
+    RequestEvent {
+        event_id: "e-1",
+        event_time_ms: 1_764_000_123_456,
+        gateway_id: "gw-1",
+        channel_id: "free-a",
+        route_group: "chat",
+        model: "m-1",
+        traffic_class: TrafficClass::Batch,
+        attempt: 1,
+        http_status: 200,
+        error_class: ErrorClass::None,
+        latency_ms: 812,
+        ttfb_ms: Some(95),
+        input_tokens: 1_200,
+        output_tokens: 310,
+        finish_reason: FinishReason::Length,
+        truncated: true,
+        schema_valid: Some(false),
+        replacement_chars: 3,
+        is_probe: false,
+        cost: 0.25,
+        quota_remaining: Some(9_000),
+        trace_id: Some("t-9"),
+        dispatch: Dispatch::Sent,
+    }
+}
+
+fn sample_alert() -> hermes::alert::AlertEvent {
+    use hermes::alert::*;
+    AlertEvent {
+        alert_id: "free-a/TRANSITION/1/1".into(),
+        event_time_ms: 1_764_000_123_456,
+        route_group: "chat".into(),
+        channel_id: Some("free-a".into()),
+        kind: AlertKind::Oscillation,
+        severity: Severity::P2,
+        from_state: Some("HEALTHY".into()),
+        to_state: Some("DRAINED".into()),
+        reason: "repeated_incidents(penalty=2.76)".into(),
+        score: Some(0.7),
+        breakdown: [("relative_p99".to_string(), 0.45)].into_iter().collect(),
+        weight: Some(0.0),
+        message: "oscillating".into(),
+    }
 }
 
 #[test]
