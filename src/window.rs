@@ -17,15 +17,17 @@
 //!
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
-//! events go to another partition costs about 2.5 KB, its engine state).
-//! Then counters: ~200 B per slice. Digests: at most `slice_tdigest_size`
-//! centroids of 16 B each, five per slice; staging: 5 × 128 f64 = 5 KB. A
-//! view merges its slices' centroids and compresses them to `tdigest_size`
-//! (tails stay sharp: the t-digest scale keeps the outer centroids small).
-//! With the defaults (60 slices, slice size 25) the worst case is
-//! 60 × 5 × 400 B + 60 × 700 B + 5 KB ≈ 170 KB; `hermes bench` measures
-//! what a channel really holds. The outcome window is `outcome_window`
-//! bytes, the baseline 16 B per point.
+//! events go to another partition costs about 3 KB, its engine state).
+//! Then per slice ~390 B of counters and digest summaries, plus the
+//! centroids of its five digests in one allocation: at most
+//! `slice_tdigest_size` each, 8 B a centroid (`f32` mean and weight; see
+//! `SliceDigests`). Staging: 5 × 128 `f32` = 2.5 KB. A view merges its
+//! slices' centroids and compresses them to `tdigest_size` (tails stay
+//! sharp: the t-digest scale keeps the outer centroids small). With the
+//! defaults (60 slices, slice size 25) a channel at 20 events/s holds about
+//! 60 × (390 + 100 × 8) B ≈ 72 KB of windows; `hermes bench` measures what a
+//! channel really holds, duplicate detection included. The outcome window
+//! is `outcome_window` bytes, the baseline 16 B per point.
 
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
@@ -166,41 +168,92 @@ struct Slice {
     class_tokens: [u64; 4],
     /// Requests per traffic class the gateways did not send (demand only).
     class_unsent: [u32; 4],
-    latency_short: TDigest,
-    latency_long: TDigest,
-    latency_probe: TDigest,
-    ttfb: TDigest,
-    output_tokens: TDigest,
+    /// The five digests (`STAGE_*` order: real short-input latency, real
+    /// long-input latency, probe latency, TTFB, output tokens).
+    digests: SliceDigests,
     /// Last quota report in this slice: (event time, remaining).
     quota: Option<(i64, i64)>,
 }
 
 impl Slice {
-    fn empty(size: usize) -> Slice {
+    fn empty() -> Slice {
         Slice {
             real: Counters::default(),
             probe: Counters::default(),
             class_requests: [0; 4],
             class_tokens: [0; 4],
             class_unsent: [0; 4],
-            latency_short: TDigest::new_with_size(size),
-            latency_long: TDigest::new_with_size(size),
-            latency_probe: TDigest::new_with_size(size),
-            ttfb: TDigest::new_with_size(size),
-            output_tokens: TDigest::new_with_size(size),
+            digests: SliceDigests::default(),
             quota: None,
         }
     }
+}
 
-    /// The digest a staging buffer (`STAGE_*` order) drains into.
-    fn staged_mut(&mut self, k: usize) -> &mut TDigest {
-        match k {
-            0 => &mut self.latency_short,
-            1 => &mut self.latency_long,
-            2 => &mut self.latency_probe,
-            3 => &mut self.ttfb,
-            _ => &mut self.output_tokens,
+/// A slice's five t-digests in one allocation: centroids as `f32` pairs
+/// (mean, weight) back to back, kind after kind, with each kind's summary.
+/// A `tdigest::TDigest` is 104 bytes before its first centroid and holds
+/// 16 bytes per centroid; five of them in each of 60 slices made most of a
+/// channel's memory. Latencies and token counts are integers well inside
+/// `f32`'s exact range, and a centroid mean keeps 24 bits (7 digits).
+#[derive(Clone, Default)]
+struct SliceDigests {
+    centroids: Vec<[f32; 2]>,
+    /// Where each kind's centroids end in `centroids`.
+    ends: [u16; 5],
+    count: [u32; 5],
+    sum: [f64; 5],
+    min: [f32; 5],
+    max: [f32; 5],
+}
+
+impl SliceDigests {
+    fn range(&self, k: usize) -> std::ops::Range<usize> {
+        let start = if k == 0 { 0 } else { self.ends[k - 1] as usize };
+        start..self.ends[k] as usize
+    }
+
+    fn is_empty(&self, k: usize) -> bool {
+        self.count[k] == 0
+    }
+
+    /// Kind `k` as a t-digest of compression `size`.
+    fn to_tdigest(&self, k: usize, size: usize) -> TDigest {
+        if self.is_empty(k) {
+            return TDigest::new_with_size(size);
         }
+        let centroids = self.centroids[self.range(k)]
+            .iter()
+            .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64))
+            .collect();
+        TDigest::new(
+            centroids,
+            self.sum[k],
+            self.count[k] as f64,
+            Some(self.max[k] as f64),
+            Some(self.min[k] as f64),
+            size,
+        )
+    }
+
+    /// Replaces kind `k` with `d`.
+    fn store(&mut self, k: usize, d: &TDigest) {
+        let range = self.range(k);
+        let old = range.len();
+        let new = d.centroids().len();
+        self.centroids.splice(
+            range,
+            d.centroids()
+                .iter()
+                .map(|c| [c.mean() as f32, c.weight() as f32]),
+        );
+        for end in &mut self.ends[k..] {
+            *end = (*end as usize + new - old) as u16;
+        }
+        self.centroids.shrink_to_fit();
+        self.count[k] = d.count() as u32;
+        self.sum[k] = d.sum();
+        self.min[k] = d.min().unwrap_or(0.0) as f32;
+        self.max[k] = d.max().unwrap_or(0.0) as f32;
     }
 }
 
@@ -216,21 +269,21 @@ struct MergedView {
 }
 
 impl MergedView {
-    fn add(&mut self, d: &TDigest) {
-        if d.is_empty() {
+    /// Adds kind `k` of a slice.
+    fn add(&mut self, d: &SliceDigests, k: usize) {
+        if d.is_empty(k) {
             return;
         }
-        self.centroids.extend_from_slice(d.centroids());
-        self.sum += d.sum();
-        self.count += d.count();
-        self.min = match (self.min, d.min()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        self.max = match (self.max, d.max()) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        self.centroids.extend(
+            d.centroids[d.range(k)]
+                .iter()
+                .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64)),
+        );
+        self.sum += d.sum[k];
+        self.count += d.count[k] as f64;
+        let (lo, hi) = (d.min[k] as f64, d.max[k] as f64);
+        self.min = Some(self.min.map_or(lo, |m| m.min(lo)));
+        self.max = Some(self.max.map_or(hi, |m| m.max(hi)));
     }
 
     fn finish(self) -> Option<TDigest> {
@@ -284,7 +337,7 @@ pub struct SliceRing {
     /// channels. Drained when full, when events move to another slice, and
     /// before every query.
     stage: (i64, usize),
-    staged: [Vec<f64>; 5],
+    staged: [Vec<f32>; 5],
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -344,7 +397,7 @@ impl SliceRing {
             // Off the hot path (a new slice); the first event of all lands
             // here too, since `last` starts matching nothing.
             if self.slices.is_empty() {
-                self.slices = vec![Slice::empty(self.slice_size); self.len];
+                self.slices = vec![Slice::empty(); self.len];
                 self.indices = vec![i64::MIN; self.len];
             }
             let index = self.slice_of(t);
@@ -360,7 +413,7 @@ impl SliceRing {
             if self.indices[slot] > index {
                 return None;
             }
-            self.slices[slot] = Slice::empty(self.slice_size);
+            self.slices[slot] = Slice::empty();
             self.indices[slot] = index;
         }
         Some(slot)
@@ -415,17 +468,17 @@ impl SliceRing {
     /// slice's digests.
     #[inline]
     fn stage(&mut self, ev: &RequestEvent<'_>, long: bool, failed: bool) {
-        let latency = ev.latency_ms as f64;
+        let latency = ev.latency_ms as f32;
         if ev.is_probe {
             self.staged[STAGE_PROBE].push(latency);
             return;
         }
         self.staged[if long { STAGE_LONG } else { STAGE_SHORT }].push(latency);
         if let Some(ttfb) = ev.ttfb_ms {
-            self.staged[STAGE_TTFB].push(ttfb as f64);
+            self.staged[STAGE_TTFB].push(ttfb as f32);
         }
         if !failed {
-            self.staged[STAGE_OUTPUT].push(ev.output_tokens as f64);
+            self.staged[STAGE_OUTPUT].push(ev.output_tokens as f32);
         }
     }
 
@@ -438,12 +491,12 @@ impl SliceRing {
                 continue;
             }
             if live {
-                let batch = std::mem::replace(values, Vec::with_capacity(STAGE_CAPACITY));
-                let d = self.slices[slot].staged_mut(k);
-                *d = d.merge_unsorted(batch);
-            } else {
-                values.clear();
+                let batch: Vec<f64> = values.iter().map(|v| *v as f64).collect();
+                let digests = &mut self.slices[slot].digests;
+                let merged = digests.to_tdigest(k, self.slice_size).merge_unsorted(batch);
+                digests.store(k, &merged);
             }
+            values.clear();
         }
     }
 
@@ -495,16 +548,17 @@ impl SliceRing {
             if index < first || index > last {
                 continue;
             }
+            let d = &s.digests;
             match which {
                 // Real latency: the short- and long-input digests together.
                 Digest::Latency => {
-                    merged.add(&s.latency_short);
-                    merged.add(&s.latency_long);
+                    merged.add(d, STAGE_SHORT);
+                    merged.add(d, STAGE_LONG);
                 }
-                Digest::LatencyLong => merged.add(&s.latency_long),
-                Digest::LatencyProbe => merged.add(&s.latency_probe),
-                Digest::Ttfb => merged.add(&s.ttfb),
-                Digest::OutputTokens => merged.add(&s.output_tokens),
+                Digest::LatencyLong => merged.add(d, STAGE_LONG),
+                Digest::LatencyProbe => merged.add(d, STAGE_PROBE),
+                Digest::Ttfb => merged.add(d, STAGE_TTFB),
+                Digest::OutputTokens => merged.add(d, STAGE_OUTPUT),
             }
         }
         merged.finish()
@@ -746,6 +800,36 @@ mod tests {
         assert!(ring
             .digest(Digest::LatencyProbe, now, 60_000, i64::MIN / 2)
             .is_none());
+    }
+
+    #[test]
+    fn slice_digests_keep_each_kind_apart_and_round_trip() {
+        let mut d = SliceDigests::default();
+        let values =
+            |base: f64, n: usize| -> Vec<f64> { (0..n).map(|i| base + i as f64).collect() };
+        // Fill kinds out of order, then grow one in the middle: the others
+        // keep their centroids and summaries.
+        for (k, base) in [(3, 3000.0), (0, 0.0), (4, 4000.0), (1, 1000.0)] {
+            let t = d.to_tdigest(k, 25).merge_unsorted(values(base, 100));
+            d.store(k, &t);
+        }
+        let t = d.to_tdigest(1, 25).merge_unsorted(values(1100.0, 300));
+        d.store(1, &t);
+        assert!(d.is_empty(2));
+        for (k, lo, hi, n) in [
+            (0, 0.0, 99.0, 100),
+            (1, 1000.0, 1399.0, 400),
+            (3, 3000.0, 3099.0, 100),
+            (4, 4000.0, 4099.0, 100),
+        ] {
+            let t = d.to_tdigest(k, 25);
+            assert_eq!(t.count() as u32, n, "kind {k}");
+            assert_eq!((t.min(), t.max()), (Some(lo), Some(hi)), "kind {k}");
+            assert!(t.centroids().len() <= 25);
+            let median = t.estimate_quantile(0.5).unwrap();
+            assert!((median - (lo + hi) / 2.0).abs() < 3.0, "kind {k}: {median}");
+        }
+        assert_eq!(d.ends[4] as usize, d.centroids.len());
     }
 
     #[test]
