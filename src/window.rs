@@ -216,17 +216,20 @@ impl SliceDigests {
         self.count[k] == 0
     }
 
+    /// Kind `k`'s centroids, widened back to `f64`.
+    fn centroids_of(&self, k: usize) -> impl Iterator<Item = tdigest::Centroid> + '_ {
+        self.centroids[self.range(k)]
+            .iter()
+            .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64))
+    }
+
     /// Kind `k` as a t-digest of compression `size`.
     fn to_tdigest(&self, k: usize, size: usize) -> TDigest {
         if self.is_empty(k) {
             return TDigest::new_with_size(size);
         }
-        let centroids = self.centroids[self.range(k)]
-            .iter()
-            .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64))
-            .collect();
         TDigest::new(
-            centroids,
+            self.centroids_of(k).collect(),
             self.sum[k],
             self.count[k] as f64,
             Some(self.max[k] as f64),
@@ -274,11 +277,7 @@ impl MergedView {
         if d.is_empty(k) {
             return;
         }
-        self.centroids.extend(
-            d.centroids[d.range(k)]
-                .iter()
-                .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64)),
-        );
+        self.centroids.extend(d.centroids_of(k));
         self.sum += d.sum[k];
         self.count += d.count[k] as f64;
         let (lo, hi) = (d.min[k] as f64, d.max[k] as f64);

@@ -3,39 +3,12 @@
 //! request event and the alert event.
 
 use apache_avro::types::Value;
-use hermes::alert::{AlertEvent, AlertKind, Severity};
+use hermes::alert::AlertEvent;
 use hermes::codec::{
     Decoder, Encoder, NoRegistry, WireFormat, ALERT_EVENT_SCHEMA_JSON, REQUEST_EVENT_SCHEMA_JSON,
 };
-use hermes::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
-
-fn event() -> RequestEvent<'static> {
-    RequestEvent {
-        event_id: "e-42",
-        event_time_ms: 1_764_000_123_456,
-        gateway_id: "gw-7",
-        channel_id: "free-a",
-        route_group: "chat",
-        model: "m-large",
-        traffic_class: TrafficClass::Interactive,
-        attempt: 2,
-        http_status: 429,
-        error_class: ErrorClass::RateLimited,
-        latency_ms: 31,
-        ttfb_ms: None,
-        input_tokens: 5_000,
-        output_tokens: 0,
-        finish_reason: FinishReason::Error,
-        truncated: false,
-        schema_valid: None,
-        replacement_chars: 0,
-        is_probe: true,
-        cost: 0.0,
-        quota_remaining: Some(77),
-        trace_id: None,
-        dispatch: hermes::event::Dispatch::Sent,
-    }
-}
+mod support;
+use support::{sample_alert, sample_event};
 
 fn field<'a>(record: &'a Value, name: &str) -> &'a Value {
     match record {
@@ -49,7 +22,7 @@ fn reference_implementation_reads_our_request_events() {
     let schema = apache_avro::Schema::parse_str(REQUEST_EVENT_SCHEMA_JSON).unwrap();
     let mut bytes = Vec::new();
     Encoder::default()
-        .encode_plain(&event(), &mut bytes)
+        .encode_plain(&sample_event(), &mut bytes)
         .unwrap();
     let value = apache_avro::from_avro_datum(&schema, &mut bytes.as_slice(), None).unwrap();
     assert_eq!(field(&value, "channel_id"), &Value::String("free-a".into()));
@@ -75,7 +48,7 @@ fn reference_implementation_reads_our_request_events() {
 #[test]
 fn we_read_request_events_written_by_the_reference_implementation() {
     let schema = apache_avro::Schema::parse_str(REQUEST_EVENT_SCHEMA_JSON).unwrap();
-    let value = apache_avro::to_value(event())
+    let value = apache_avro::to_value(sample_event())
         .unwrap()
         .resolve(&schema)
         .unwrap();
@@ -83,26 +56,12 @@ fn we_read_request_events_written_by_the_reference_implementation() {
     let decoded = Decoder::new(WireFormat::Plain)
         .decode(&bytes, &NoRegistry)
         .unwrap();
-    assert_eq!(decoded, event());
+    assert_eq!(decoded, sample_event());
 }
 
 #[test]
 fn alert_events_interoperate() {
-    let alert = AlertEvent {
-        alert_id: "free-a/TRANSITION/1/1".into(),
-        event_time_ms: 1,
-        route_group: "chat".into(),
-        channel_id: Some("free-a".into()),
-        kind: AlertKind::Transition,
-        severity: Severity::P1,
-        from_state: Some("HEALTHY".into()),
-        to_state: Some("DRAINED".into()),
-        reason: "consecutive_failures(n=3)".into(),
-        score: None,
-        breakdown: [("error_rate".to_string(), 0.2)].into_iter().collect(),
-        weight: Some(0.0),
-        message: "drained".into(),
-    };
+    let alert = sample_alert();
     let schema = apache_avro::Schema::parse_str(ALERT_EVENT_SCHEMA_JSON).unwrap();
     let bytes = alert.to_avro().unwrap();
     let value = apache_avro::from_avro_datum(&schema, &mut bytes.as_slice(), None).unwrap();

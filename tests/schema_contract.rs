@@ -9,6 +9,8 @@
 //! checker, by real datums read across both ways, and for a renamed type by
 //! the alias it must keep.
 
+mod support;
+
 use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::Schema;
 use std::path::{Path, PathBuf};
@@ -108,11 +110,11 @@ fn datums_cross_every_released_schema_both_ways() {
     let request = {
         let mut bytes = Vec::new();
         hermes::codec::Encoder::default()
-            .encode_plain(&sample_request(), &mut bytes)
+            .encode_plain(&support::sample_event(), &mut bytes)
             .unwrap();
         bytes
     };
-    let alert = sample_alert().to_avro().unwrap();
+    let alert = support::sample_alert().to_avro().unwrap();
     for ((current, released), datum) in pairs().into_iter().zip([request, alert]) {
         let new = parse(&current);
         for old_path in released {
@@ -177,9 +179,9 @@ fn renamed_types_keep_their_released_names_as_aliases() {
                         let aliases = m
                             .get("aliases")
                             .and_then(|a| a.as_array())
-                            .map(|a| a.iter().filter_map(|x| x.as_str()).map(String::from))
                             .into_iter()
                             .flatten()
+                            .filter_map(|x| x.as_str().map(String::from))
                             .collect();
                         out.push((format!("{ns}.{}", name.as_str().unwrap()), aliases));
                     }
@@ -217,54 +219,6 @@ fn renamed_types_keep_their_released_names_as_aliases() {
                 );
             }
         }
-    }
-}
-
-fn sample_request() -> hermes::event::RequestEvent<'static> {
-    use hermes::event::*;
-    RequestEvent {
-        event_id: "e-1",
-        event_time_ms: 1_764_000_123_456,
-        gateway_id: "gw-1",
-        channel_id: "free-a",
-        route_group: "chat",
-        model: "m-1",
-        traffic_class: TrafficClass::Batch,
-        attempt: 1,
-        http_status: 200,
-        error_class: ErrorClass::None,
-        latency_ms: 812,
-        ttfb_ms: Some(95),
-        input_tokens: 1_200,
-        output_tokens: 310,
-        finish_reason: FinishReason::Length,
-        truncated: true,
-        schema_valid: Some(false),
-        replacement_chars: 3,
-        is_probe: false,
-        cost: 0.25,
-        quota_remaining: Some(9_000),
-        trace_id: Some("t-9"),
-        dispatch: Dispatch::Sent,
-    }
-}
-
-fn sample_alert() -> hermes::alert::AlertEvent {
-    use hermes::alert::*;
-    AlertEvent {
-        alert_id: "free-a/TRANSITION/1/1".into(),
-        event_time_ms: 1_764_000_123_456,
-        route_group: "chat".into(),
-        channel_id: Some("free-a".into()),
-        kind: AlertKind::Oscillation,
-        severity: Severity::P2,
-        from_state: Some("HEALTHY".into()),
-        to_state: Some("DRAINED".into()),
-        reason: "repeated_incidents(penalty=2.76)".into(),
-        score: Some(0.7),
-        breakdown: [("relative_p99".to_string(), 0.45)].into_iter().collect(),
-        weight: Some(0.0),
-        message: "oscillating".into(),
     }
 }
 

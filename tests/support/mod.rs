@@ -346,3 +346,54 @@ pub fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> Requ
         dispatch: Dispatch::Sent,
     }
 }
+
+/// The codec and schema-contract tests' sample request event (a probe's
+/// 429 retry with a quota report).
+pub fn sample_event() -> RequestEvent<'static> {
+    RequestEvent {
+        event_id: "e-42",
+        event_time_ms: 1_764_000_123_456,
+        gateway_id: "gw-7",
+        channel_id: "free-a",
+        route_group: "chat",
+        model: "m-large",
+        traffic_class: TrafficClass::Interactive,
+        attempt: 2,
+        http_status: 429,
+        error_class: ErrorClass::RateLimited,
+        latency_ms: 31,
+        ttfb_ms: None,
+        input_tokens: 5_000,
+        output_tokens: 0,
+        finish_reason: FinishReason::Error,
+        truncated: false,
+        schema_valid: None,
+        replacement_chars: 0,
+        is_probe: true,
+        cost: 0.0,
+        quota_remaining: Some(77),
+        trace_id: None,
+        dispatch: Dispatch::Sent,
+    }
+}
+
+/// An alert with a channel, states, a breakdown and a weight: the codec and
+/// schema-contract tests' sample.
+pub fn sample_alert() -> hermes::alert::AlertEvent {
+    use hermes::alert::{AlertEvent, AlertKind, Severity};
+    AlertEvent {
+        alert_id: "free-a/TRANSITION/1/1".into(),
+        event_time_ms: 1,
+        route_group: "chat".into(),
+        channel_id: Some("free-a".into()),
+        kind: AlertKind::Transition,
+        severity: Severity::P1,
+        from_state: Some("HEALTHY".into()),
+        to_state: Some("DRAINED".into()),
+        reason: "consecutive_failures(n=3)".into(),
+        score: None,
+        breakdown: [("error_rate".to_string(), 0.2)].into_iter().collect(),
+        weight: Some(0.0),
+        message: "drained".into(),
+    }
+}
