@@ -680,17 +680,18 @@ fn wait_metric_by(h: &Hermes, series: &str, want: f64, limit: Duration, ok: impl
     );
 }
 
-// Ignored for now (run it with `cargo test --test service -- --ignored`):
-// on this session's freshly built tansu it stalls, and it stalls the same
-// on the last landed commit (6952e73): tansu's group coordinator and
-// metadata answers time out under this load, sessions expire, partitions
-// are revoked and replayed from offset 0 before their first commit, and
-// consumption stops at 6-19 k of 21 100 records (a 30 s session did not
-// help). Not a regression of this change; the garbage-at-scale guarantee
-// is untested in CI until it is fixed (see the closing note of session 8).
+/// Good events in the garbage test, each followed by one garbage record of
+/// a rotating kind (a multiple of 20, so every kind's share is whole).
+/// 10 000 stranded tansu's consumer group on these machines (session 8,
+/// and again in session 10 with paced production): under that load its
+/// SQLite storage answered a heartbeat after the 6 s session, the
+/// assignment was revoked and the rejoin never completed, at 6-19 k of
+/// 21 100 records. Hermes' handling of each record does not depend on the
+/// count; every kind still comes hundreds of times.
+const GOOD: u64 = 4_000;
+
 #[test]
-#[ignore = "stalls on tansu under load on this machine, on the last landed commit too"]
-fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied() {
+fn thousands_of_garbage_records_are_dead_lettered_and_every_good_event_applied() {
     let _serial = serial();
     let kafka = Tansu::start(TOPICS);
     let redis = RedisServer::start();
@@ -718,7 +719,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     let p = producer(&kafka.bootstrap());
     let mut enc = Encoder::default();
     let mut garbage: Vec<Vec<u8>> = Vec::new();
-    let (good, bad, dups) = (10_000u64, 10_000u64, 100u64);
+    let (good, bad, dups) = (GOOD, GOOD, 100u64);
     let mut good_sent = Vec::new();
     for i in 0..good {
         let (channel, partition) = CHANNELS[(i % 3) as usize];
@@ -784,6 +785,14 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         }
         garbage.push(g);
         good_sent.push(buf);
+        // Paced: at most a thousand pairs in flight. Unpaced, tansu's
+        // SQLite storage queued ~21 k produce requests at once and answered
+        // metadata and group-coordinator requests too late: sessions
+        // expired and the partitions were replayed from offset 0 again and
+        // again (consumption stalled at 6-19 k of 21 100).
+        if i % 1_000 == 999 {
+            p.flush(Duration::from_secs(60)).unwrap();
+        }
     }
     assert_eq!(garbage.len() as u64, bad);
     // Confluent-framed good events: their writer schema comes from the
@@ -879,12 +888,12 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
         payloads == garbage,
         "the original bytes of every garbage record"
     );
-    assert_eq!(kinds.get("unknown_channel"), Some(&500));
-    assert_eq!(kinds.get("implausible"), Some(&500));
-    assert_eq!(kinds.get("oversize"), Some(&500));
+    assert_eq!(kinds.get("unknown_channel"), Some(&(GOOD / 20)));
+    assert_eq!(kinds.get("implausible"), Some(&(GOOD / 20)));
+    assert_eq!(kinds.get("oversize"), Some(&(GOOD / 20)));
     // Negative latency, empty channel ids, NaN costs.
-    assert_eq!(kinds.get("invalid"), Some(&2_000));
-    assert_eq!(kinds.get("future_timestamp"), Some(&1_000));
+    assert_eq!(kinds.get("invalid"), Some(&(GOOD / 5)));
+    assert_eq!(kinds.get("future_timestamp"), Some(&(GOOD / 10)));
     assert_eq!(
         hermes.metric("hermes_events_too_late_total"),
         Some(0.0),
@@ -894,7 +903,7 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
     // share and raised one DECODE_ERROR_SPIKE (deduplicated per reason).
     let spikes: BTreeMap<String, u64> = read_topic(&kafka.bootstrap(), "hermes.alerts", 8)
         .iter()
-        .filter_map(|m| hermes::alert::AlertEvent::from_avro(m.payload()?).ok())
+        .filter_map(|m| hermes::alert::AlertEvent::from_record(m.payload()?).ok())
         .filter(|a| a.kind == hermes::alert::AlertKind::DecodeErrorSpike)
         .fold(BTreeMap::new(), |mut acc, a| {
             let reason = a.reason.split(['=', ',']).nth(1).unwrap_or("").to_string();
@@ -916,9 +925,9 @@ fn ten_thousand_garbage_records_are_dead_lettered_and_every_good_event_applied()
             "unknown_schema_id"
         ]
     );
-    assert_eq!(kinds.get("unknown_schema_id"), Some(&2_000));
-    assert_eq!(kinds.get("truncated_datum"), Some(&2_000));
-    assert_eq!(kinds.get("malformed"), Some(&1_500));
+    assert_eq!(kinds.get("unknown_schema_id"), Some(&(GOOD / 5)));
+    assert_eq!(kinds.get("truncated_datum"), Some(&(GOOD / 5)));
+    assert_eq!(kinds.get("malformed"), Some(&(GOOD * 3 / 20)));
 
     // Hot reload: an invalid file is refused and the service keeps running;
     // a valid change is applied.
