@@ -275,8 +275,8 @@ impl Drop for Prometheus {
 
 /// How long the demo runs (wall clock), and how long the test waits for
 /// the drain it shows (the fault starts at 9 s; on an idle machine the
-/// drain comes at ~12 s). Generous: CI shares two cores with the builds of
-/// other test binaries' leftovers and with promtool.
+/// drain comes at ~12 s). Generous: on CI's two cores the demo shares the
+/// machine with Prometheus and with promtool's rule tests.
 const DEMO_SECONDS: u64 = 60;
 const DRAIN_WITHIN_S: u64 = 45;
 
