@@ -9,25 +9,36 @@
 //! `w` ms at time `now` sums the slots whose slice lies in
 //! `(now/slice - w/slice, now/slice]` and ignores slots holding anything else.
 //!
-//! Each slice keeps counters for real and probe traffic and t-digests for
-//! latency (real short-input, real long-input, probe), TTFB and output tokens
-//! (real). Values are staged per channel in five small reused buffers and
-//! merged into the slice's digests 128 at a time (and whenever events move to
-//! another slice, and before any query), so slices hold bare centroids.
+//! Each slice keeps counters for real and probe traffic. Its values
+//! (latency of real short-input, real long-input and probe attempts, TTFB and
+//! output tokens of real ones) go to five t-digests: staged per channel in
+//! five small reused buffers and merged into the slice's digests 64 at a time
+//! (and whenever events move to another slice, and before any query).
+//!
+//! # Panes: digests cost O(new data)
+//! Only the slices of the short view keep digests of their own (`fine`,
+//! `short_slices` slots). A slice that leaves the short view is merged once
+//! into its pane (`pane_slices` aligned slices, compressed to
+//! `pane_tdigest_size`) and its own digests are freed; panes that have left
+//! the ring are dropped. The short view reads its slices exactly; a longer
+//! view reads the panes that reach into it whole, so its digest may hold up
+//! to one pane of slices older than its counters. Counters stay per slice:
+//! every rate is exact over every view. A probation's view starts at a slice
+//! boundary (`not_before_ms`), and no pane holds slices from both sides of the
+//! latest one (`split`): what a drained channel did before it was let back in
+//! never counts in its probation.
 //!
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
 //! events go to another partition costs about 3 KB, its engine state).
-//! Then per slice ~390 B of counters and digest summaries, plus the
-//! centroids of its five digests in one allocation: at most
-//! `slice_tdigest_size` each, 8 B a centroid (`f32` mean and weight; see
-//! `SliceDigests`). Staging: 5 × 128 `f32` = 2.5 KB. A view merges its
-//! slices' centroids and compresses them to `tdigest_size` (tails stay
-//! sharp: the t-digest scale keeps the outer centroids small). With the
-//! defaults (60 slices, slice size 25) a channel at 20 events/s holds about
-//! 60 × (390 + 100 × 8) B ≈ 72 KB of windows; `hermes bench` measures what a
-//! channel really holds, duplicate detection included. The outcome window
-//! is `outcome_window` bytes, the baseline 16 B per point.
+//! Then 60 slices of counters (~250 B each), the short view's 12 slices of
+//! digests (~140 B of summaries and up to `slice_tdigest_size` centroids per
+//! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
+//! five panes of `pane_tdigest_size` centroids per kind, and 5 × 64 staged
+//! `f32`. With the defaults a channel at 20 events/s holds about 15 KB of
+//! counters and 20 KB of digests; `hermes bench` measures what a channel
+//! really holds, duplicate detection included. The outcome window is
+//! `outcome_window` bytes, the baseline 16 B per point.
 
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
@@ -38,7 +49,7 @@ const STAGE_LONG: usize = 1;
 const STAGE_PROBE: usize = 2;
 const STAGE_TTFB: usize = 3;
 const STAGE_OUTPUT: usize = 4;
-const STAGE_CAPACITY: usize = 128;
+const STAGE_CAPACITY: usize = 64;
 
 /// Counts for one population (real or probe) over one slice or a view.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -168,9 +179,6 @@ struct Slice {
     class_tokens: [u64; 4],
     /// Requests per traffic class the gateways did not send (demand only).
     class_unsent: [u32; 4],
-    /// The five digests (`STAGE_*` order: real short-input latency, real
-    /// long-input latency, probe latency, TTFB, output tokens).
-    digests: SliceDigests,
     /// Last quota report in this slice: (event time, remaining).
     quota: Option<(i64, i64)>,
 }
@@ -183,7 +191,6 @@ impl Slice {
             class_requests: [0; 4],
             class_tokens: [0; 4],
             class_unsent: [0; 4],
-            digests: SliceDigests::default(),
             quota: None,
         }
     }
@@ -236,6 +243,25 @@ impl SliceDigests {
             Some(self.min[k] as f64),
             size,
         )
+    }
+
+    /// Merges every kind of `other` into this one, compressing each to
+    /// `size` (a slice into its pane).
+    fn merge_from(&mut self, other: &SliceDigests, size: usize) {
+        for k in 0..5 {
+            if other.is_empty(k) {
+                continue;
+            }
+            let mut view = MergedView {
+                max_size: size,
+                ..MergedView::default()
+            };
+            view.add(self, k);
+            view.add(other, k);
+            if let Some(merged) = view.finish() {
+                self.store(k, &merged);
+            }
+        }
     }
 
     /// Replaces kind `k` with `d`.
@@ -322,9 +348,25 @@ pub struct SliceRing {
     slice_size: usize,
     view_size: usize,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
-    /// from the ~1 KB slices so that the per-tick range scans touch one
-    /// compact array, not a cache line per slot.
+    /// from the slices so that the per-tick range scans touch one compact
+    /// array, not a cache line per slot.
     indices: Vec<i64>,
+    /// The digests of the slices still in the short view: slice `s` in
+    /// slot `s % short_slices` (`fine_indices` says which slice a slot
+    /// holds). A slice leaving the short view is merged into its pane.
+    fine: Vec<SliceDigests>,
+    fine_indices: Vec<i64>,
+    /// Digests of the older slices, a pane per `pane_slices` aligned
+    /// slices (split at `split`), oldest first.
+    panes: std::collections::VecDeque<Pane>,
+    /// Every slice up to this one has been moved out of `fine`.
+    moved_through: i64,
+    /// The first slice of the latest probation (`i64::MIN`: none): no pane
+    /// holds slices from both sides of it, so a view clipped there is exact.
+    split: i64,
+    short_slices: usize,
+    pane_slices: i64,
+    pane_size: usize,
     /// The slice the last event landed in: (number, start ms, slot). Events
     /// of a channel nearly always land in the same slice as the previous one,
     /// and this saves the two 64-bit divisions per event on the hot path.
@@ -342,6 +384,22 @@ pub struct SliceRing {
     slow_request_ms: i32,
 }
 
+/// The merged digests of the slices `lo..=hi`; `held` is the range of
+/// those that had values (what a view decides on).
+struct Pane {
+    lo: i64,
+    hi: i64,
+    held: (i64, i64),
+    digests: SliceDigests,
+}
+
+impl Pane {
+    fn hold(&mut self, index: i64) -> &mut SliceDigests {
+        self.held = (self.held.0.min(index), self.held.1.max(index));
+        &mut self.digests
+    }
+}
+
 /// What a ring is built to hold (from `EngineConfig::ring_shape`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingShape {
@@ -351,6 +409,10 @@ pub struct RingShape {
     pub tdigest_size: u32,
     /// Compression of each slice's digests.
     pub slice_tdigest_size: u32,
+    /// Slices per pane, slices in the short view, compression of a pane.
+    pub pane_slices: usize,
+    pub short_slices: usize,
+    pub pane_tdigest_size: u32,
     pub long_input_tokens: u32,
     pub short_output_tokens: u32,
     pub slow_request_ms: u32,
@@ -365,6 +427,14 @@ impl SliceRing {
             // channel whose events never come here costs next to nothing.
             slices: Vec::new(),
             indices: Vec::new(),
+            fine: Vec::new(),
+            fine_indices: Vec::new(),
+            panes: Default::default(),
+            moved_through: i64::MIN,
+            split: i64::MIN,
+            short_slices: cfg.short_slices.clamp(1, cfg.slices.max(1)),
+            pane_slices: cfg.pane_slices.max(1) as i64,
+            pane_size: cfg.pane_tdigest_size as usize,
             len: cfg.slices,
             slice_size: size,
             view_size: cfg.tdigest_size as usize,
@@ -398,10 +468,16 @@ impl SliceRing {
             if self.slices.is_empty() {
                 self.slices = vec![Slice::empty(); self.len];
                 self.indices = vec![i64::MIN; self.len];
+                self.fine = vec![SliceDigests::default(); self.short_slices];
+                self.fine_indices = vec![i64::MIN; self.short_slices];
             }
             let index = self.slice_of(t);
             let slot = self.slot(index);
             self.last = (index, index * self.slice_ms, slot);
+            // Whatever has left the short view ending here moves to its
+            // pane first, so the fine slot `index` takes is free.
+            self.drain_stage();
+            self.retire_through(index - self.short_slices as i64);
             (index, slot)
         };
         if self.stage.0 != index {
@@ -481,21 +557,128 @@ impl SliceRing {
         }
     }
 
-    /// Merges the staged values into their slice's digests.
+    /// Merges the staged values into their slice's digests: its fine slot
+    /// while it is in the short view, its pane once it has left (a late
+    /// event).
     fn drain_stage(&mut self) {
         let (index, slot) = self.stage;
+        if self.staged.iter().all(|v| v.is_empty()) {
+            return;
+        }
+        let mut staged = std::mem::take(&mut self.staged);
         let live = index != i64::MIN && self.indices[slot] == index;
-        for (k, values) in self.staged.iter_mut().enumerate() {
-            if values.is_empty() {
-                continue;
-            }
-            if live {
+        if let Some((digests, size)) = live.then(|| self.digests_of(index)).flatten() {
+            for (k, values) in staged.iter().enumerate() {
+                if values.is_empty() {
+                    continue;
+                }
                 let batch: Vec<f64> = values.iter().map(|v| *v as f64).collect();
-                let digests = &mut self.slices[slot].digests;
-                let merged = digests.to_tdigest(k, self.slice_size).merge_unsorted(batch);
+                let merged = digests.to_tdigest(k, size).merge_unsorted(batch);
                 digests.store(k, &merged);
             }
-            values.clear();
+        }
+        staged.iter_mut().for_each(Vec::clear);
+        self.staged = staged;
+    }
+
+    /// Where slice `index`'s digests live, and their compression: its fine
+    /// slot (taken if it holds an older slice, already moved to its pane),
+    /// or, once it has left the short view, its pane (made if it has none).
+    fn digests_of(&mut self, index: i64) -> Option<(&mut SliceDigests, usize)> {
+        if index > self.moved_through {
+            let f = index.rem_euclid(self.short_slices as i64) as usize;
+            if self.fine_indices[f] != index {
+                if self.fine_indices[f] > index {
+                    return None;
+                }
+                debug_assert!(self.fine_indices[f] <= self.moved_through);
+                self.fine[f] = SliceDigests::default();
+                self.fine_indices[f] = index;
+            }
+            return Some((&mut self.fine[f], self.slice_size));
+        }
+        let i = self.pane_for(index);
+        Some((self.panes[i].hold(index), self.pane_size))
+    }
+
+    /// The pane slice `index` belongs in: aligned runs of `pane_slices`
+    /// slices, cut at `split`. Made (in order) if it does not exist.
+    fn pane_for(&mut self, index: i64) -> usize {
+        let p = self.pane_slices;
+        let mut lo = index.div_euclid(p) * p;
+        let mut hi = lo + p - 1;
+        if self.split > lo && self.split <= hi {
+            if index < self.split {
+                hi = self.split - 1;
+            } else {
+                lo = self.split;
+            }
+        }
+        match self.panes.iter().rposition(|x| x.lo <= index) {
+            Some(i) if self.panes[i].hi >= index => i,
+            at => {
+                let i = at.map_or(0, |i| i + 1);
+                let lo = at.map_or(lo, |j| lo.max(self.panes[j].hi + 1));
+                let hi = self.panes.get(i).map_or(hi, |n| hi.min(n.lo - 1));
+                self.panes.insert(
+                    i,
+                    Pane {
+                        lo,
+                        hi,
+                        held: (i64::MAX, i64::MIN),
+                        digests: SliceDigests::default(),
+                    },
+                );
+                i
+            }
+        }
+    }
+
+    /// Moves the digests of every slice up to `through` from the short view
+    /// into its pane, oldest first (each slice is merged once), and forgets
+    /// panes that have left the ring.
+    fn retire_through(&mut self, through: i64) {
+        if through <= self.moved_through || self.fine.is_empty() {
+            return;
+        }
+        let mut leaving: Vec<(i64, usize)> = (0..self.fine.len())
+            .filter(|&f| self.fine_indices[f] != i64::MIN && self.fine_indices[f] <= through)
+            .map(|f| (self.fine_indices[f], f))
+            .collect();
+        leaving.sort_unstable();
+        for (index, f) in leaving {
+            let d = std::mem::take(&mut self.fine[f]);
+            self.fine_indices[f] = i64::MIN;
+            if (0..5).all(|k| d.is_empty(k)) {
+                continue;
+            }
+            let i = self.pane_for(index);
+            let pane = self.panes[i].hold(index);
+            pane.merge_from(&d, self.pane_size);
+            pane.centroids.shrink_to_fit();
+        }
+        self.moved_through = through;
+        let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
+        while self.panes.front().is_some_and(|p| p.held.1 < oldest) {
+            self.panes.pop_front();
+        }
+    }
+
+    /// A probation starts at slice `first`: no pane made from here on
+    /// holds slices from both sides of it. Panes only hold slices that left
+    /// the short view, and the engine measures a probation from its next
+    /// evaluation on, so a pane reaching past `first` holds nothing from
+    /// there yet and is cut short. (A view asked later still reads a pane
+    /// whose values all lie after its start: see `digest`.)
+    fn split_at(&mut self, first: i64) {
+        if first <= self.split {
+            return;
+        }
+        self.split = first;
+        for p in self.panes.iter_mut() {
+            if p.lo < first && p.hi >= first && p.held.1 < first {
+                p.hi = first - 1;
+            }
         }
     }
 
@@ -536,6 +719,11 @@ impl SliceRing {
         not_before_ms: i64,
     ) -> Option<TDigest> {
         self.drain_stage();
+        let clip = self.slice_of(not_before_ms + self.slice_ms - 1);
+        if not_before_ms > i64::MIN / 2 {
+            self.split_at(clip);
+        }
+        self.retire_through(self.slice_of(now_ms) - self.short_slices as i64);
         let (first, last) = self.range(now_ms, window_ms, not_before_ms);
         // Gather the view's centroids and build one digest: no per-slice
         // clones (this runs for every channel on every evaluation tick).
@@ -543,11 +731,21 @@ impl SliceRing {
             max_size: self.view_size,
             ..MergedView::default()
         };
-        for (s, &index) in self.slices.iter().zip(&self.indices) {
-            if index < first || index > last {
-                continue;
-            }
-            let d = &s.digests;
+        // The fine slices in the view, and the panes whose values reach
+        // into it (whole: a pane's oldest slices may be older than the
+        // view) but none with values from before `not_before_ms`.
+        let fine = self
+            .fine
+            .iter()
+            .zip(&self.fine_indices)
+            .filter(|(_, &index)| index >= first && index <= last)
+            .map(|(d, _)| d);
+        let panes = self
+            .panes
+            .iter()
+            .filter(|p| p.held.1 >= first && p.held.0 <= last && p.held.0 >= clip)
+            .map(|p| &p.digests);
+        for d in panes.chain(fine) {
             match which {
                 // Real latency: the short- and long-input digests together.
                 Digest::Latency => {
@@ -799,6 +997,132 @@ mod tests {
         assert!(ring
             .digest(Digest::LatencyProbe, now, 60_000, i64::MIN / 2)
             .is_none());
+    }
+
+    /// A deterministic spread of latencies over 0..1000 ms.
+    fn spread(i: i64) -> i32 {
+        (i * 7919 % 1000) as i32
+    }
+
+    #[test]
+    fn slices_leaving_the_short_view_are_merged_into_panes() {
+        let c = cfg();
+        let mut ring = SliceRing::new(c.ring_shape());
+        let t0 = 1_000_000_000 - 1_000_000_000 % 60_000;
+        // 20 events/s for 7 min.
+        let mut values = Vec::new();
+        for i in 0..(7 * 60 * 20) {
+            let t = t0 + i * 50;
+            ring.record(&ev_at(t, spread(i)));
+            values.push((t, spread(i)));
+        }
+        let now = t0 + 7 * 60_000 - 1;
+        let long = ring.counters(now, c.long_window_ms, i64::MIN / 2);
+        let d = ring
+            .digest(Digest::Latency, now, c.long_window_ms, i64::MIN / 2)
+            .unwrap();
+        // Only the short view is kept per slice; the rest is in panes of a
+        // minute (aligned, so the 4 minutes before the short view and a
+        // part of a fifth).
+        let kept = ring.fine_indices.iter().filter(|i| **i != i64::MIN).count();
+        assert_eq!(kept, c.short_slices());
+        assert!(ring.panes.len() <= 5, "{} panes", ring.panes.len());
+        for w in ring.panes.iter().collect::<Vec<_>>().windows(2) {
+            assert!(w[0].hi < w[1].lo, "panes overlap");
+        }
+        // Counters are exact; the digest holds the view and at most a pane
+        // more at its old edge.
+        let per_slice = 100.0;
+        assert_eq!(long.real.requests, 6000);
+        assert!(
+            d.count() >= 6000.0 && d.count() <= 6000.0 + 11.0 * per_slice,
+            "{}",
+            d.count()
+        );
+        // The short view is the fine slices alone, exactly.
+        let short = ring
+            .digest(Digest::Latency, now, c.short_window_ms, i64::MIN / 2)
+            .unwrap();
+        assert_eq!(short.count(), 1200.0);
+        // Quantiles of the long view stay close to the exact ones.
+        let first = now - d.count() as i64 * 50;
+        let mut exact: Vec<i32> = values
+            .iter()
+            .filter(|(t, _)| *t > first)
+            .map(|v| v.1)
+            .collect();
+        exact.sort_unstable();
+        for q in [0.5, 0.95, 0.99] {
+            let want = exact[((exact.len() as f64 * q) as usize).min(exact.len() - 1)] as f64;
+            let got = d.estimate_quantile(q).unwrap();
+            assert!((got - want).abs() <= 15.0, "q {q}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_probation_view_never_reads_what_came_before_it() {
+        let c = cfg();
+        let mut ring = SliceRing::new(c.ring_shape());
+        let t0 = 1_000_000_000 - 1_000_000_000 % 60_000;
+        // Slow for 3 min, then a probation starts mid-pane (at 3 min 25 s)
+        // and everything is fast; evaluated every 5 s as the engine does.
+        let since = t0 + 205_000;
+        let checks = [since + 30_000, since + 100_000, since + 250_000];
+        let mut t = t0;
+        let mut checked = 0;
+        while t < t0 + 9 * 60_000 {
+            let latency = if t < since { 5_000 } else { 100 };
+            ring.record(&ev_at(t, latency));
+            t += 100;
+            if t % 5_000 != 0 {
+                continue;
+            }
+            let not_before = if t > since { since } else { i64::MIN / 2 };
+            ring.digest(Digest::Latency, t, c.long_window_ms, not_before);
+            // Probation views at every age: within and past the short
+            // view, the pane holding `since` included.
+            if checks.contains(&t) {
+                let counted = ring.counters(t, c.long_window_ms, since).real.requests;
+                let d = ring
+                    .digest(Digest::Latency, t, c.long_window_ms, since)
+                    .unwrap();
+                assert_eq!(d.max(), Some(100.0), "at {}", t - since);
+                assert_eq!(d.count() as u32, counted, "at {}", t - since);
+                checked += 1;
+            }
+            if t == checks[1] {
+                // The pane holding the probation's start was cut there.
+                let cut = ring.slice_of(since) - 1;
+                assert!(ring.panes.iter().any(|p| p.hi == cut && p.lo < p.hi));
+                assert!(ring.panes.iter().any(|p| p.lo == cut + 1));
+            }
+        }
+        assert_eq!(checked, checks.len());
+    }
+
+    #[test]
+    fn a_late_event_lands_in_its_pane() {
+        let c = cfg();
+        let mut ring = SliceRing::new(c.ring_shape());
+        let t0 = 1_000_000_000 - 1_000_000_000 % 60_000;
+        for i in 0..(3 * 60 * 10) {
+            ring.record(&ev_at(t0 + i * 100, 100));
+        }
+        let now = t0 + 180_000;
+        let before = ring
+            .digest(Digest::Latency, now, c.long_window_ms, i64::MIN / 2)
+            .unwrap();
+        // Two minutes old: its slice has left the short view.
+        assert!(ring.record(&ev_at(now - 120_000, 9_000)));
+        let after = ring
+            .digest(Digest::Latency, now, c.long_window_ms, i64::MIN / 2)
+            .unwrap();
+        assert_eq!(after.count(), before.count() + 1.0);
+        assert_eq!(after.max(), Some(9_000.0));
+        let short = ring
+            .digest(Digest::Latency, now, c.short_window_ms, i64::MIN / 2)
+            .unwrap();
+        assert_eq!(short.max(), Some(100.0));
     }
 
     #[test]

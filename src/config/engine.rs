@@ -45,6 +45,21 @@ pub struct EngineConfig {
     /// evaluation tick sorts about fourfold against 100 (measured in the
     /// README's performance section).
     pub slice_tdigest_size: u32,
+    /// Slices that have left the short view are merged into panes of this
+    /// width (a multiple of `slice_ms`), one merge per slice, and only the
+    /// panes are kept: the long view reads a handful of pane digests instead
+    /// of every slice's, and a busy channel holds a fraction of the
+    /// centroids. Counters stay per slice, so rates are exact over every
+    /// view; a pane is whole in or out of a digest view (a view's oldest
+    /// edge reads up to one pane further back; a probation's start is never
+    /// inside a pane). `slice_ms`: each slice is its own pane.
+    pub pane_ms: i64,
+    /// t-digest compression of a pane (within `10..=tdigest_size`). A pane
+    /// holds `pane_ms / slice_ms` times a slice's values at the same
+    /// compression by default: the t-digest scale keeps its tails sharp,
+    /// and the centroids a busy channel keeps fall by about a third
+    /// (README, performance).
+    pub pane_tdigest_size: u32,
     /// The evaluation interval is cut into this many phases, and route
     /// group `i` is evaluated in phase `i % evaluation_phases`: each group
     /// still once per interval, but an interval's work is spread over it
@@ -108,6 +123,8 @@ impl Default for EngineConfig {
             outcome_window: 100,
             tdigest_size: 100,
             slice_tdigest_size: 25,
+            pane_ms: 60_000,
+            pane_tdigest_size: 25,
             evaluation_phases: 250,
             long_input_tokens: 4_000,
             short_output_tokens: 50,
@@ -133,6 +150,9 @@ impl EngineConfig {
             slices: self.ring_slices(),
             tdigest_size: self.tdigest_size,
             slice_tdigest_size: self.slice_tdigest_size,
+            pane_slices: (self.pane_ms / self.slice_ms).max(1) as usize,
+            short_slices: self.short_slices(),
+            pane_tdigest_size: self.pane_tdigest_size,
             long_input_tokens: self.long_input_tokens,
             short_output_tokens: self.short_output_tokens,
             slow_request_ms: self.slow_request_ms,
@@ -155,6 +175,7 @@ impl EngineConfig {
     pub(super) fn validate(&self, v: &mut Issues) {
         for (k, x) in [
             ("slice_ms", self.slice_ms),
+            ("pane_ms", self.pane_ms),
             ("short_window_ms", self.short_window_ms),
             ("long_window_ms", self.long_window_ms),
             ("evaluation_interval_ms", self.evaluation_interval_ms),
@@ -207,6 +228,12 @@ impl EngineConfig {
                 "must be within 10..=engine.tdigest_size",
             );
         }
+        if self.pane_tdigest_size < 10 || self.pane_tdigest_size > self.tdigest_size {
+            v.push(
+                "engine.pane_tdigest_size",
+                "must be within 10..=engine.tdigest_size",
+            );
+        }
         if self.baseline_windows == 0 {
             v.push("engine.baseline_windows", "must be at least 1");
         }
@@ -232,6 +259,15 @@ impl EngineConfig {
                 v.push(
                     "engine.long_window_ms",
                     "must be a multiple of engine.slice_ms",
+                );
+            }
+            if self.pane_ms < self.slice_ms
+                || self.pane_ms % self.slice_ms != 0
+                || self.pane_ms > self.long_window_ms
+            {
+                v.push(
+                    "engine.pane_ms",
+                    "must be a multiple of engine.slice_ms within engine.long_window_ms",
                 );
             }
             if self.long_window_ms / self.slice_ms > 720 {

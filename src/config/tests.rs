@@ -202,18 +202,26 @@ fn parse_errors_name_the_section_the_key_and_its_line() {
 }
 
 #[test]
-fn slice_digests_and_evaluation_phases_are_validated() {
+fn slice_digests_panes_and_evaluation_phases_are_validated() {
     for (engine, key) in [
         ("evaluation_phases = 0", "engine.evaluation_phases"),
         ("evaluation_phases = 3", "engine.evaluation_phases"),
         ("slice_tdigest_size = 5", "engine.slice_tdigest_size"),
         ("slice_tdigest_size = 200", "engine.slice_tdigest_size"),
+        ("pane_tdigest_size = 5", "engine.pane_tdigest_size"),
+        ("pane_tdigest_size = 200", "engine.pane_tdigest_size"),
+        ("pane_ms = 7000", "engine.pane_ms"),
+        ("pane_ms = 0", "engine.pane_ms"),
+        ("pane_ms = 600000", "engine.pane_ms"),
     ] {
         let text = format!("{MINIMAL}\n[engine]\n{engine}\n");
         let e = Config::from_toml(&text).unwrap_err().to_string();
         assert!(e.contains(key), "{engine}: {e}");
     }
-    let ok = format!("{MINIMAL}\n[engine]\nevaluation_phases = 10\nslice_tdigest_size = 100\n");
+    let ok = format!(
+        "{MINIMAL}\n[engine]\nevaluation_phases = 10\nslice_tdigest_size = 100\npane_ms = 5000\n"
+    );
     let cfg = Config::from_toml(&ok).unwrap();
     assert_eq!(cfg.engine.evaluation_phases, 10);
+    assert_eq!(cfg.engine.ring_shape().pane_slices, 1);
 }
