@@ -308,10 +308,48 @@ fn main() {
                 latencies.push(ms);
                 from_acks.push(from_ack.unwrap_or(f64::NAN));
             }
-            _ => eprintln!(
-                "trial {k}: {channel} not drained within 30 s\n{}",
-                hermes.log_tail()
-            ),
+            _ => {
+                // Why not: what the gateways would read for this channel,
+                // how old that plan is, and the state Hermes holds.
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                let seen = snapshot(&mut conn).map_or("no snapshot".to_string(), |s| {
+                    let weights: Vec<String> = s
+                        .classes
+                        .iter()
+                        .map(|(class, c)| {
+                            format!("{class} {:.2}", c.weights.get(channel).copied().unwrap_or(0.0))
+                        })
+                        .collect();
+                    format!(
+                        "snapshot v{} epoch {} computed {} ms ago (event time), heartbeat {} ms ago; {channel}: {:?}; weights {}",
+                        s.version,
+                        s.epoch,
+                        now_ms - s.computed_at_ms,
+                        now_ms - s.heartbeat_ms,
+                        s.channels.get(channel.as_str()),
+                        weights.join(", ")
+                    )
+                });
+                let state: Vec<String> = hermes
+                    .get("/metrics")
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("hermes_channel_state{")
+                            && l.contains(&format!("channel=\"{channel}\""))
+                            && !l.ends_with(" 0")
+                            && !l.ends_with(" 0.0")
+                    })
+                    .map(str::to_string)
+                    .collect();
+                eprintln!(
+                    "trial {k}: {channel} not drained within 30 s\n  {seen}\n  Hermes: {}\n{}",
+                    state.join("; "),
+                    hermes.log_tail()
+                )
+            }
         }
         std::thread::sleep(Duration::from_secs(5));
     }
