@@ -52,8 +52,9 @@ pub struct EngineConfig {
     /// centroids. Counters stay per slice, so rates are exact over every
     /// view; a pane is whole in or out of a digest view (a view's oldest
     /// edge reads up to one pane further back; a probation's start is never
-    /// inside a pane). `slice_ms`: each slice is its own pane.
-    pub pane_ms: i64,
+    /// inside a pane). `slice_ms`: each slice is its own pane. Unset: one
+    /// short window (1 min with the defaults).
+    pub pane_ms: Option<i64>,
     /// t-digest compression of a pane (within `10..=tdigest_size`). A pane
     /// holds `pane_ms / slice_ms` times a slice's values at the same
     /// compression by default: the t-digest scale keeps its tails sharp,
@@ -102,6 +103,11 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The pane width: `pane_ms`, or one short window.
+    pub fn pane_ms(&self) -> i64 {
+        self.pane_ms.unwrap_or(self.short_window_ms)
+    }
+
     /// The allowed clock skew: `max_clock_skew_ms`, or the allowed lateness.
     pub fn clock_skew_ms(&self) -> i64 {
         self.max_clock_skew_ms.unwrap_or(self.allowed_lateness_ms)
@@ -123,7 +129,7 @@ impl Default for EngineConfig {
             outcome_window: 100,
             tdigest_size: 100,
             slice_tdigest_size: 25,
-            pane_ms: 60_000,
+            pane_ms: None,
             pane_tdigest_size: 25,
             evaluation_phases: 250,
             long_input_tokens: 4_000,
@@ -150,7 +156,7 @@ impl EngineConfig {
             slices: self.ring_slices(),
             tdigest_size: self.tdigest_size,
             slice_tdigest_size: self.slice_tdigest_size,
-            pane_slices: (self.pane_ms / self.slice_ms).max(1) as usize,
+            pane_slices: (self.pane_ms() / self.slice_ms).max(1) as usize,
             short_slices: self.short_slices(),
             pane_tdigest_size: self.pane_tdigest_size,
             long_input_tokens: self.long_input_tokens,
@@ -175,7 +181,7 @@ impl EngineConfig {
     pub(super) fn validate(&self, v: &mut Issues) {
         for (k, x) in [
             ("slice_ms", self.slice_ms),
-            ("pane_ms", self.pane_ms),
+            ("pane_ms", self.pane_ms()),
             ("short_window_ms", self.short_window_ms),
             ("long_window_ms", self.long_window_ms),
             ("evaluation_interval_ms", self.evaluation_interval_ms),
@@ -261,9 +267,10 @@ impl EngineConfig {
                     "must be a multiple of engine.slice_ms",
                 );
             }
-            if self.pane_ms < self.slice_ms
-                || self.pane_ms % self.slice_ms != 0
-                || self.pane_ms > self.long_window_ms
+            let pane_ms = self.pane_ms();
+            if pane_ms < self.slice_ms
+                || pane_ms % self.slice_ms != 0
+                || pane_ms > self.long_window_ms
             {
                 v.push(
                     "engine.pane_ms",

@@ -224,4 +224,11 @@ fn slice_digests_panes_and_evaluation_phases_are_validated() {
     let cfg = Config::from_toml(&ok).unwrap();
     assert_eq!(cfg.engine.evaluation_phases, 10);
     assert_eq!(cfg.engine.ring_shape().pane_slices, 1);
+    // Unset, a pane is one short window, whatever the window shape (the
+    // demo's 1 s slices and 15 s long window included).
+    let short = format!(
+        "{MINIMAL}\n[engine]\nslice_ms = 1000\nevaluation_interval_ms = 1000\nevaluation_phases = 10\nshort_window_ms = 5000\nlong_window_ms = 15000\nallowed_lateness_ms = 2000\n"
+    );
+    let cfg = Config::from_toml(&short).unwrap();
+    assert_eq!(cfg.engine.ring_shape().pane_slices, 5);
 }
