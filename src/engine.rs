@@ -1064,10 +1064,15 @@ impl Engine {
             spend_per_hour: (view.real.cost + view.probe.cost) / secs * 3600.0,
             p99_ms: ch.signals.latency.map(|l| l.p99_ms),
             error_rate: ch.signals.error_rate,
-            failure_rate: ch
-                .signals
-                .get(crate::signals::SignalKind::BadOutcomeRate)
-                .map(|m| m.value),
+            // The short view lags a channel that just went hard down (a
+            // minute of good answers still in it); the last outcomes do not.
+            failure_rate: [
+                crate::signals::SignalKind::BadOutcomeRate,
+                crate::signals::SignalKind::RecentFailureRate,
+            ]
+            .iter()
+            .filter_map(|k| ch.signals.get(*k).map(|m| m.value))
+            .reduce(f64::max),
             quota_remaining: ch.signals.quota_remaining,
             quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
             correlated: self.safety[ch.group_idx].in_panic(),
@@ -1157,6 +1162,33 @@ mod tests {
         let mut e = ev(channel, t);
         e.gateway_id = gateway;
         e
+    }
+
+    #[test]
+    fn a_channel_that_just_went_hard_down_reports_it_fails_everything() {
+        // The scheduler sends no overflow to a channel failing about
+        // everything (`schedule.overflow_max_failure_rate`): seconds after
+        // it went hard down, the minute's rate still reads half good.
+        let mut e = engine();
+        let mut out = Vec::new();
+        healthy(&mut e, T0, T0 + 120_000, 20, &mut out);
+        let mut t = T0 + 120_000;
+        while t < T0 + 130_000 {
+            let mut x = ev("free-a", t);
+            x.error_class = crate::event::ErrorClass::ServerError;
+            e.apply(&x, &mut out).unwrap();
+            e.apply(&ev("paid-a", t), &mut out).unwrap();
+            t += 50;
+        }
+        let idx = e.channel_index("free-a").unwrap();
+        let h = e.health(idx);
+        let minute = e.channels[idx as usize]
+            .signals
+            .get(crate::signals::SignalKind::BadOutcomeRate)
+            .unwrap()
+            .value;
+        assert!(minute < 0.5, "the minute's rate {minute}");
+        assert_eq!(h.failure_rate, Some(1.0));
     }
 
     #[test]

@@ -40,8 +40,11 @@ pub struct ChannelHealth {
     pub spend_per_hour: f64,
     pub p99_ms: Option<f64>,
     pub error_rate: Option<f64>,
-    /// Hard failures and bad answers over judged outcomes (the
-    /// `bad_outcome_rate` signal), if measured.
+    /// The larger of the short view's hard failures and bad answers over
+    /// judged outcomes (`bad_outcome_rate`) and the hard failures among the
+    /// last outcomes (`recent_failure_rate`), if either is measured: what
+    /// the scheduler's overflow rule reads, so a channel that went hard
+    /// down seconds ago reads as failing everything.
     #[serde(default)]
     pub failure_rate: Option<f64>,
     pub quota_remaining: Option<i64>,
