@@ -653,9 +653,8 @@ impl SliceRing {
                 continue;
             }
             let i = self.pane_for(index);
-            let pane = self.panes[i].hold(index);
-            pane.merge_from(&d, self.pane_size);
-            pane.centroids.shrink_to_fit();
+            // `store` leaves the centroids exactly sized.
+            self.panes[i].hold(index).merge_from(&d, self.pane_size);
         }
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
