@@ -418,6 +418,10 @@ pub struct GroupLoopParts {
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Where the writers' OVERRIDE alerts go.
     pub producer: Arc<OutputProducer>,
+    /// This process's health reports, straight from its request loop; its
+    /// copies on the health topic (`instance`) are skipped.
+    pub local_reports: tokio::sync::mpsc::Receiver<HealthReport>,
+    pub instance: String,
     /// Alerts are Confluent-framed with this id (registered at start).
     pub alert_schema_id: Option<u32>,
 }
@@ -433,6 +437,8 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         mut overrides,
         producer,
         alert_schema_id,
+        mut local_reports,
+        instance,
     } = parts;
     let cfg = cfg_rx.borrow_and_update().clone();
     let Some(consumer) = connect_health(&runtime, &metrics, &stop).await else {
@@ -460,6 +466,8 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
                     }
                 };
                 match m.payload().map(HealthReport::from_json) {
+                    // Taken from the request loop already, in order.
+                    Some(Ok(r)) if r.instance == instance => continue,
                     Some(Ok(r)) => {
                         if !writers.on_report(r) {
                             continue;
@@ -470,6 +478,11 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
                         continue;
                     }
                     None => continue,
+                }
+            }
+            Some(r) = local_reports.recv() => {
+                if !writers.on_report(r) {
+                    continue;
                 }
             }
             Ok(()) = overrides.changed() => {}

@@ -117,11 +117,21 @@ async fn watch_config(
     }
 }
 
+/// Health reports queued for this process's group writers.
+const LOCAL_REPORTS: usize = 4096;
+
+/// Host, process and, from the second service a process starts (tests, the
+/// demo), its number: a writer skips the health reports of its own instance
+/// on the topic, so no two services may share a name.
 fn instance_id() -> String {
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "hermes".into());
-    format!("{host}-{}", std::process::id())
+    match STARTED.fetch_add(1, Ordering::Relaxed) {
+        0 => format!("{host}-{}", std::process::id()),
+        n => format!("{host}-{}-{n}", std::process::id()),
+    }
 }
 
 /// Where the service writes weights and keeps durable state.
@@ -220,6 +230,10 @@ impl Service {
         let producer = kafka::output_producer(&runtime.kafka, metrics.clone())
             .context("creating the producer")?;
         let producer = Arc::new(producer);
+        // Health reports for this process's writers; they are small and
+        // few (one per group and partition per tick, and one per state
+        // change), so this holds minutes of them.
+        let (local_tx, local_rx) = tokio::sync::mpsc::channel(LOCAL_REPORTS);
         let request_loop = requests::RequestLoop::new(requests::LoopParts {
             cfg_rx: cfg_rx.clone(),
             runtime: runtime.clone(),
@@ -228,10 +242,11 @@ impl Service {
             producer: producer.clone(),
             rt: tokio::runtime::Handle::current(),
             metrics: metrics.clone(),
-            instance,
+            instance: instance.clone(),
             stop: stop.clone(),
             overrides: control.subscribe(),
             alert_schema_id: registered.alert_schema_id,
+            local_reports: local_tx,
         })?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
@@ -243,6 +258,8 @@ impl Service {
             overrides: control.subscribe(),
             alert_schema_id: registered.alert_schema_id,
             producer,
+            local_reports: local_rx,
+            instance,
         };
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
         let request_thread = spawn_loops(request_loop, group_loop, done_tx, &mut tasks)?;

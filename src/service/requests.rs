@@ -37,6 +37,7 @@ use super::state_store::{SavedState, StateStore};
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
 use crate::config::{Config, Runtime};
 use crate::event::RequestEvent;
+use crate::health::HealthReport;
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
@@ -73,6 +74,9 @@ pub struct LoopParts {
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Alerts are Confluent-framed with this id (registered at start).
     pub alert_schema_id: Option<u32>,
+    /// This process's group writers: every health report is handed to them
+    /// here as well as produced to the health topic (see [`Emitter`]).
+    pub local_reports: tokio::sync::mpsc::Sender<HealthReport>,
 }
 
 struct LoopState {
@@ -151,6 +155,7 @@ impl RequestLoop {
             metrics: parts.metrics.clone(),
             store: parts.store.clone(),
             alert_schema_id: parts.alert_schema_id,
+            local_reports: parts.local_reports,
         };
         Ok(RequestLoop {
             consumer,
@@ -208,6 +213,16 @@ enum Decoded<'m> {
 ///   next step replaces them: a report Kafka will not take is counted
 ///   (`hermes_health_reports_undelivered_total`) and logged, and the loop
 ///   goes on. State saves queue on the store's writer, which retries.
+///
+/// A health report goes two ways: to the health topic, for the writers of
+/// other instances, and straight to this process's group writers, which
+/// skip their own reports on the topic. A drain decided here reaches a
+/// group written here without a round trip through the broker (on tansu
+/// that round trip was most of Hermes' own share of a drain's latency), and
+/// the writers still see this process's reports in the order they were
+/// made. A hand-off the writers are too far behind to take is counted as
+/// undelivered, like a report Kafka refused: the next report carries the
+/// same states.
 struct Emitter {
     runtime: Arc<Runtime>,
     producer: Arc<OutputProducer>,
@@ -215,6 +230,7 @@ struct Emitter {
     store: Option<StateStore>,
     /// `Some`: alerts are Confluent-framed with this schema id.
     alert_schema_id: Option<u32>,
+    local_reports: tokio::sync::mpsc::Sender<HealthReport>,
 }
 
 impl Emitter {
@@ -273,6 +289,16 @@ impl Emitter {
             } else {
                 Metrics::inc(&self.metrics.health_reports_undelivered);
                 tracing::warn!(group = %report.group, "health report not enqueued; the next one replaces it");
+            }
+            let group = report.group.clone();
+            match self.local_reports.try_send(report) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    Metrics::inc(&self.metrics.health_reports_undelivered);
+                    tracing::warn!(%group, "this process's group writers are behind; the next health report replaces this one");
+                }
+                // The writers stopped: the service is stopping.
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
         Ok(())
