@@ -31,7 +31,7 @@
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
 //! events go to another partition costs about 3 KB, its engine state).
-//! Then 60 slices of counters (~250 B each), the short view's 12 slices of
+//! Then 60 slices of counters (224 B each), the short view's 12 slices of
 //! digests (~140 B of summaries and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
 //! five panes of `pane_tdigest_size` centroids per kind, and 5 × 64 staged
@@ -85,8 +85,6 @@ pub struct Counters {
     /// Long-input attempts and their errors.
     pub long_requests: u32,
     pub long_errors: u32,
-    /// Input + output tokens of all attempts.
-    pub tokens: u64,
     /// Spend in the cost currency.
     pub cost: f64,
 }
@@ -118,7 +116,6 @@ impl Counters {
                 self.long_errors += 1;
             }
         }
-        self.tokens += ev.input_tokens as u64 + ev.output_tokens as u64;
         self.cost += ev.cost;
         if !failed {
             self.successes += 1;
@@ -150,7 +147,6 @@ impl Counters {
         self.bad_answers += o.bad_answers;
         self.long_requests += o.long_requests;
         self.long_errors += o.long_errors;
-        self.tokens += o.tokens;
         self.cost += o.cost;
     }
 }
@@ -179,8 +175,11 @@ struct Slice {
     class_tokens: [u64; 4],
     /// Requests per traffic class the gateways did not send (demand only).
     class_unsent: [u32; 4],
-    /// Last quota report in this slice: (event time, remaining).
-    quota: Option<(i64, i64)>,
+    /// Last quota report in this slice: its event time (`i64::MIN`: none;
+    /// an `Option` costs 8 more bytes in each of 60 slices) and the quota
+    /// remaining. See [`Slice::quota`].
+    quota_at_ms: i64,
+    quota_remaining: i64,
 }
 
 impl Slice {
@@ -191,8 +190,14 @@ impl Slice {
             class_requests: [0; 4],
             class_tokens: [0; 4],
             class_unsent: [0; 4],
-            quota: None,
+            quota_at_ms: i64::MIN,
+            quota_remaining: 0,
         }
+    }
+
+    /// The slice's last quota report: (event time, remaining).
+    fn quota(&self) -> Option<(i64, i64)> {
+        (self.quota_at_ms != i64::MIN).then_some((self.quota_at_ms, self.quota_remaining))
     }
 }
 
@@ -523,8 +528,8 @@ impl SliceRing {
         let failed = ev.error_class.is_error();
         let tokens = ev.input_tokens as u64 + ev.output_tokens as u64;
         if let Some(q) = ev.quota_remaining {
-            if s.quota.is_none_or(|(t, _)| ev.event_time_ms >= t) {
-                s.quota = Some((ev.event_time_ms, q));
+            if ev.event_time_ms >= s.quota_at_ms {
+                (s.quota_at_ms, s.quota_remaining) = (ev.event_time_ms, q);
             }
         }
         if !ev.is_probe {
@@ -769,7 +774,7 @@ impl SliceRing {
             if index < first || index > last {
                 continue;
             }
-            if let Some(q) = s.quota {
+            if let Some(q) = s.quota() {
                 if oldest.is_none_or(|o| q.0 < o.0) {
                     oldest = Some(q);
                 }
