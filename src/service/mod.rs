@@ -11,7 +11,8 @@
 //!        │ bad records ──► hermes.dead-letters
 //!        │ state machines ──► Redis hermes:{G}:state (restore on takeover)
 //!        └──► hermes.health (key = group) ◄┘
-//!                          │ every instance reads all of it (GroupBoard)
+//!                          │ every instance reads all of it (GroupBoard);
+//!                          │ its own reports it takes in process instead
 //!   the owner of request partition writer_partition(G) = G's only writer:
 //!              GroupBoard → Scheduler → fenced Lua write
 //!                          ▼
