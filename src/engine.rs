@@ -33,7 +33,7 @@ use crate::event::{ErrorClass, RequestEvent};
 use crate::health::ChannelHealth;
 use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
 use crate::score::{optimistic, pessimistic, score, Score};
-use crate::signals::{baseline_point, measure, Horizon, Signals};
+use crate::signals::{baseline_point, measure, Horizon, SignalKind, Signals};
 use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
 use std::sync::Arc;
@@ -681,7 +681,23 @@ impl Engine {
         ch.score = voted.then_some(sc);
         let z = policy.states.probation_confidence_z;
         ch.score_low = voted.then(|| optimistic(&ch.signals, &policy.signals, z));
-        ch.score_high = voted.then(|| pessimistic(&ch.signals, &policy.signals, z));
+        ch.score_high = voted.then(|| match ch.machine.at_risk_since_ms() {
+            // Leaving AT_RISK rests only on what the channel did since it
+            // went AT_RISK (see `signals::bad_outcome_rate_since`).
+            Some(since) => {
+                let mut exit = ch.signals.clone();
+                exit.values[SignalKind::BadOutcomeRate as usize] =
+                    Some(crate::signals::bad_outcome_rate_since(
+                        &ch.ring,
+                        &self.cfg.engine.horizons(),
+                        &policy.signals,
+                        now,
+                        since,
+                    ));
+                pessimistic(&exit, &policy.signals, z)
+            }
+            None => pessimistic(&ch.signals, &policy.signals, z),
+        });
         let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
         if now >= next_learn {
             ch.next_baseline_ms = Some(next_learn + short_ms);
@@ -1066,13 +1082,10 @@ impl Engine {
             error_rate: ch.signals.error_rate,
             // The short view lags a channel that just went hard down (a
             // minute of good answers still in it); the last outcomes do not.
-            failure_rate: [
-                crate::signals::SignalKind::BadOutcomeRate,
-                crate::signals::SignalKind::RecentFailureRate,
-            ]
-            .iter()
-            .filter_map(|k| ch.signals.get(*k).map(|m| m.value))
-            .reduce(f64::max),
+            failure_rate: [SignalKind::BadOutcomeRate, SignalKind::RecentFailureRate]
+                .iter()
+                .filter_map(|k| ch.signals.get(*k).map(|m| m.value))
+                .reduce(f64::max),
             quota_remaining: ch.signals.quota_remaining,
             quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
             correlated: self.safety[ch.group_idx].in_panic(),
@@ -1184,11 +1197,71 @@ mod tests {
         let h = e.health(idx);
         let minute = e.channels[idx as usize]
             .signals
-            .get(crate::signals::SignalKind::BadOutcomeRate)
+            .get(SignalKind::BadOutcomeRate)
             .unwrap()
             .value;
         assert!(minute < 0.5, "the minute's rate {minute}");
         assert_eq!(h.failure_rate, Some(1.0));
+    }
+
+    #[test]
+    fn at_risk_is_left_only_on_what_the_channel_did_since() {
+        // At 0.3 weight a channel sees few attempts; its short view lacks
+        // the samples and the long view reaches back into the healthy time
+        // before the fault. Leaving AT_RISK on that would put a channel
+        // still failing 8.75 % back at full weight.
+        let mut e = engine();
+        let mut out = Vec::new();
+        let idx = e.channel_index("free-a").unwrap();
+        let kind = |e: &Engine| e.machine(idx).kind();
+        healthy(&mut e, T0, T0 + 240_000, 20, &mut out);
+        // `free-a` every `every_ms`, 7 answers in 80 (8.75 %, spread) empty; `paid-a` at 20/s throughout.
+        let feed = |e: &mut Engine,
+                    from: i64,
+                    to: i64,
+                    every_ms: i64,
+                    bad: bool,
+                    out: &mut Vec<AlertEvent>| {
+            let mut t = from;
+            while t < to {
+                if t % every_ms == 0 {
+                    let mut x = ev("free-a", t);
+                    if bad && (t / every_ms * 7) % 80 < 7 {
+                        x.output_tokens = 2;
+                    }
+                    e.apply(&x, out).unwrap();
+                }
+                e.apply(&ev("paid-a", t), out).unwrap();
+                t += 50;
+            }
+        };
+        let mut t = T0 + 240_000;
+        while kind(&e) != StateKind::AtRisk {
+            assert!(t < T0 + 420_000, "AT_RISK within three minutes");
+            feed(&mut e, t, t + 5_000, 50, true, &mut out);
+            t += 5_000;
+        }
+        // One attempt every 2 s now, still 8.75 % bad: too few for the
+        // short view, so the rates fall back to the long one. Still AT_RISK
+        // two minutes later (an exit needs twelve confirmations, a minute).
+        let end = t + 120_000;
+        while t < end {
+            feed(&mut e, t, t + 5_000, 2_000, true, &mut out);
+            t += 5_000;
+            assert_eq!(kind(&e), StateKind::AtRisk, "at {} s", (t - T0) / 1000);
+        }
+        // Clean again at 5 a second: back to HEALTHY within three minutes,
+        // not held in AT_RISK.
+        let end = t + 180_000;
+        while kind(&e) != StateKind::Healthy {
+            assert!(
+                t < end,
+                "still {:?} three minutes after it healed",
+                kind(&e)
+            );
+            feed(&mut e, t, t + 5_000, 200, false, &mut out);
+            t += 5_000;
+        }
     }
 
     #[test]
@@ -1397,15 +1470,12 @@ mod tests {
         e.advance_to(t, &mut out);
         let idx = e.channel_index("paid-a").unwrap();
         let s = e.signals(idx);
-        let recent = s
-            .get(crate::signals::SignalKind::RecentFailureRate)
-            .unwrap();
+        let recent = s.get(SignalKind::RecentFailureRate).unwrap();
         assert_eq!(recent.samples, 100);
         assert!((recent.value - 0.04).abs() < 1e-9);
         // Each failure alone is nowhere near the short window's sample minimum.
         assert!(s.short_real.requests < 30);
-        let c = e.score(idx).unwrap().contributions
-            [crate::signals::SignalKind::RecentFailureRate as usize];
+        let c = e.score(idx).unwrap().contributions[SignalKind::RecentFailureRate as usize];
         assert!(c.unwrap() > 0.0, "sparse failures vote");
     }
 

@@ -473,6 +473,40 @@ pub struct Horizons {
     pub baseline_min_windows: u32,
 }
 
+/// The failure rate (`bad_outcome_rate`) of real traffic since `since_ms`
+/// only: what a channel in AT_RISK is judged on when it would leave it. At
+/// its reduced weight such a channel sees few attempts, so its short view
+/// often lacks the samples and the rate falls back to the long view, which
+/// reaches back before the channel went AT_RISK: a fault that began minutes
+/// ago is diluted there by the healthy time before it, the channel reads as
+/// recovered, goes back to full weight and is drained moments later (a
+/// re-trip, `bad-answers-empty` seed 101). Here the short view, then the
+/// long one, are clipped at `since_ms`; the first with the signal's
+/// `min_samples` is read, else the longer with what it has, so thin
+/// evidence reads wide at its confidence bound (none: no exit).
+pub fn bad_outcome_rate_since(
+    ring: &SliceRing,
+    cfg: &Horizons,
+    policy: &SignalPolicies,
+    now_ms: i64,
+    since_ms: i64,
+) -> Measurement {
+    let Method::Rate { of, .. } = SignalKind::BadOutcomeRate.def().method else {
+        // The table says otherwise: no evidence, so no exit on it.
+        return Measurement::of(0.0, 0);
+    };
+    let min = SignalKind::BadOutcomeRate.policy(policy).min_samples;
+    let cew = policy.client_error_weight;
+    let short = ring.counters(now_ms, cfg.short_window_ms, since_ms).real;
+    let long = ring.counters(now_ms, cfg.long_window_ms, since_ms).real;
+    let (value, samples) = [short, long]
+        .iter()
+        .map(|c| of(c, cew))
+        .find(|(_, n)| *n >= min)
+        .unwrap_or_else(|| of(&long, cew));
+    Measurement::of(value, samples)
+}
+
 /// Measures every signal at `now_ms`.
 #[allow(clippy::too_many_arguments)]
 pub fn measure(

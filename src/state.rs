@@ -312,6 +312,14 @@ impl StateMachine {
         }
     }
 
+    /// When the channel went AT_RISK, while it is.
+    pub fn at_risk_since_ms(&self) -> Option<i64> {
+        match self.state {
+            ChannelState::AtRisk { since_ms } => Some(since_ms),
+            _ => None,
+        }
+    }
+
     /// When the current incident began, while the channel is in one
     /// (DRAINED, OBSERVING or RECOVERING).
     pub fn incident_since_ms(&self) -> Option<i64> {
