@@ -11,6 +11,8 @@
 //! Without the tools the tests say so and pass, except under CI=true,
 //! where a missing tool is a failure (CI must install it).
 
+mod support;
+
 use hermes::demo::{run, DemoOptions};
 use hermes::sim::scenario::Scenario;
 use std::collections::BTreeSet;
@@ -223,10 +225,7 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(bin: &Path, target: &str) -> Prometheus {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let port = support::free_port();
         let dir =
             std::env::temp_dir().join(format!("hermes-prometheus-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -285,10 +284,7 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
     let (Some(promtool), Some(prometheus)) = (tool("promtool"), tool("prometheus")) else {
         return;
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let target = format!("127.0.0.1:{port}");
     // The demo's future holds the mock cluster (not Send): its own thread
     // and runtime.

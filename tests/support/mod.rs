@@ -7,7 +7,35 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free loopback port (bound and released; the server binds it next).
+/// Picked below the kernel's ephemeral range (`ip_local_port_range`): a
+/// port from that range, once released, can go to any socket that binds
+/// port 0 or connects out before the server binds it (seen in CI: the
+/// demo's librdkafka mock brokers took the port its HTTP server was about
+/// to bind). Below it, nothing binds a port unless asked to.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FROM: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(FROM);
+    if span >= 1_000 {
+        // Spread over the range by process and clock, then stepped: tests
+        // of one binary run in parallel threads and share the counter.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = std::process::id().wrapping_mul(2_654_435_761) ^ nanos;
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = FROM + start.wrapping_add(n.wrapping_mul(7_919)) % span;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
