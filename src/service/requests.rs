@@ -290,12 +290,11 @@ impl Emitter {
                 Metrics::inc(&self.metrics.health_reports_undelivered);
                 tracing::warn!(group = %report.group, "health report not enqueued; the next one replaces it");
             }
-            let group = report.group.clone();
             match self.local_reports.try_send(report) {
                 Ok(()) => {}
-                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                Err(tokio::sync::mpsc::error::TrySendError::Full(report)) => {
                     Metrics::inc(&self.metrics.health_reports_undelivered);
-                    tracing::warn!(%group, "this process's group writers are behind; the next health report replaces this one");
+                    tracing::warn!(group = %report.group, "this process's group writers are behind; the next health report replaces this one");
                 }
                 // The writers stopped: the service is stopping.
                 Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
