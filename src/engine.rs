@@ -32,7 +32,7 @@ use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
 use crate::health::ChannelHealth;
 use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
-use crate::score::{optimistic, pessimistic, score, Score};
+use crate::score::{intermittent, optimistic, pessimistic, score, Score};
 use crate::signals::{baseline_point, measure, Horizon, SignalKind, Signals};
 use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
@@ -790,6 +790,18 @@ impl Engine {
                 ch.signals.evidence_real + ch.signals.evidence_probe
             },
             correlated: self.safety[ch.group_idx].in_panic(),
+            // Judged only on a reading bad enough to matter (the baseline's
+            // median is a sort).
+            intermittent: ch.score.is_some_and(|sc| {
+                sc.value >= policy.states.at_risk_enter
+                    && intermittent(
+                        &sc,
+                        &ch.signals,
+                        &ch.baseline,
+                        &policy,
+                        self.cfg.engine.baseline_min_windows,
+                    )
+            }),
         };
         self.scratch.clear();
         let mut scratch = std::mem::take(&mut self.scratch);

@@ -129,6 +129,41 @@ pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     })
 }
 
+/// Whether a reading is that of an intermittent fault (SPEC §4, seed 004's
+/// latency pulses): the tail quantiles carry the score (most of it, and
+/// without them it would pass a probation, under `observe_pass_score`),
+/// while the typical
+/// attempt, the median latency of the same view, is no slower than the
+/// healthy channel's P99 (its learned baseline, else the P99 signal's
+/// `normal` bound). A channel slow throughout (seed 001's 4 s median) is
+/// not intermittent, nor is one failing a share of its requests. Such a
+/// probation looks clean until an attempt falls inside the fault, so its
+/// relapses hold later probations (`StatePolicy::intermittent_hold_factor`).
+pub fn intermittent(
+    sc: &Score,
+    signals: &Signals,
+    baseline: &crate::window::Baseline,
+    policy: &crate::config::HealthPolicy,
+    baseline_min_windows: u32,
+) -> bool {
+    let (mut tail, mut rest) = (0.0, 0.0);
+    for kind in SignalKind::ALL {
+        if let Some(c) = sc.contributions[kind as usize] {
+            *if kind.is_tail() { &mut tail } else { &mut rest } += c;
+        }
+    }
+    if rest >= policy.states.observe_pass_score || tail < rest {
+        return false;
+    }
+    let Some(latency) = signals.latency else {
+        return false;
+    };
+    let healthy_p99 = baseline
+        .p99_ms(baseline_min_windows)
+        .unwrap_or(policy.signals.get(SignalKind::P99Latency).normal);
+    latency.p50_ms <= healthy_p99
+}
+
 fn bounded(
     signals: &Signals,
     policy: &SignalPolicies,
@@ -202,6 +237,46 @@ mod tests {
         // z = 0 is the point estimate.
         let s = at(0.07, 300);
         assert!((optimistic(&s, &point, 0.0) - score(&s, &point).value).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_intermittent_reading_is_a_bad_tail_over_a_typical_attempt_at_full_speed() {
+        let policy = crate::config::HealthPolicy::default();
+        let mut baseline = crate::window::Baseline::new(60);
+        for _ in 0..10 {
+            baseline.learn(180.0, 500.0);
+        }
+        let reading = |p50: f64, p99: f64, bad_rate: f64| {
+            let mut s = Signals::default();
+            s.values[SignalKind::P99Latency as usize] = Some(Measurement::of(p99, 200));
+            s.values[SignalKind::RelativeP99 as usize] = Some(Measurement::of(p99 / 180.0, 200));
+            s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement::of(bad_rate, 2000));
+            s.latency = Some(crate::signals::LatencySummary {
+                p50_ms: p50,
+                p99_ms: p99,
+                ..Default::default()
+            });
+            let sc = score(&s, &policy.signals);
+            (sc, s)
+        };
+        let judge = |(sc, s): (Score, Signals)| {
+            assert!(sc.value >= policy.states.relapse_score, "{sc:?}");
+            intermittent(&sc, &s, &baseline, &policy, 5)
+        };
+        // Seed 004: 120 ms typical, a pulse makes the tail 2.2 s.
+        assert!(judge(reading(120.0, 2_200.0, 0.0)));
+        // Seed 001: slow throughout (a 4 s median): sustained.
+        assert!(!judge(reading(4_000.0, 9_000.0, 0.0)));
+        // Failing a share of its requests: not the tail's doing, even with
+        // a little help from it.
+        assert!(!judge(reading(120.0, 150.0, 0.2)));
+        assert!(!judge(reading(120.0, 300.0, 0.069)));
+        // Without a learned baseline, the P99 bound stands in for it.
+        let empty = crate::window::Baseline::new(60);
+        let (sc, s) = reading(1_900.0, 7_000.0, 0.0);
+        assert!(intermittent(&sc, &s, &empty, &policy, 5));
+        let (sc, s) = reading(2_100.0, 7_000.0, 0.0);
+        assert!(!intermittent(&sc, &s, &empty, &policy, 5));
     }
 
     #[test]

@@ -212,6 +212,16 @@ impl SignalKind {
         )
     }
 
+    /// A tail quantile (a P99, or its ratio to the baseline): what a few
+    /// slow attempts move while the typical one is fine.
+    pub fn is_tail(self) -> bool {
+        match self.def().method {
+            Method::Quantile { q, .. } => q >= 0.9,
+            Method::Relative { of, .. } => of.is_tail(),
+            _ => false,
+        }
+    }
+
     pub fn policy(self, p: &SignalPolicies) -> &SignalPolicy {
         p.get(self)
     }

@@ -215,6 +215,11 @@ pub struct Evaluation {
     /// The route group is failing as a whole (SPEC §5a panic mode): no
     /// score-driven move down, no fast-path drain.
     pub correlated: bool,
+    /// The reading is of an intermittent fault: only the tail is bad, the
+    /// typical attempt is as fast as the healthy channel's P99 (judged by
+    /// the caller). A relapse on such a reading holds the incident's later
+    /// probations (see `StatePolicy::intermittent_hold_factor`).
+    pub intermittent: bool,
 }
 
 /// Whether a probation that has run `elapsed_ms` with `evidence` attempts
@@ -248,6 +253,25 @@ pub struct StateMachine {
     incident_since_ms: i64,
     #[serde(default)]
     penalty_before_incident: f64,
+    /// When the current probation began (OBSERVING entered); kept through
+    /// RECOVERING.
+    #[serde(default)]
+    probation_since_ms: i64,
+    /// Probations since the channel was last drained from service that
+    /// relapsed on an intermittent reading, and for how long in all they
+    /// had looked clean (see `StatePolicy::intermittent_hold_factor`); and
+    /// whether any relapsed on anything else: then the fault is sustained,
+    /// and a later relapse that reads intermittent is its leftovers (slow
+    /// attempts begun before it ended), not a pulse.
+    #[serde(default)]
+    intermittent_relapses: u32,
+    #[serde(default)]
+    intermittent_clean_ms: i64,
+    #[serde(default)]
+    sustained_relapse: bool,
+    /// The incident began on an intermittent reading.
+    #[serde(default)]
+    intermittent_drain: bool,
     pin: Option<Pin>,
     /// Event times of recent weight changes (oscillation detection).
     weight_changes: VecDeque<i64>,
@@ -265,6 +289,11 @@ impl Default for StateMachine {
             incident_cooldown_ms: 0,
             incident_since_ms: 0,
             penalty_before_incident: 0.0,
+            probation_since_ms: 0,
+            intermittent_relapses: 0,
+            intermittent_clean_ms: 0,
+            sustained_relapse: false,
+            intermittent_drain: false,
             pin: None,
             weight_changes: VecDeque::new(),
         }
@@ -387,6 +416,52 @@ impl StateMachine {
         }
     }
 
+    /// A probation (OBSERVING or RECOVERING) failed: drain again, and
+    /// remember how long it had looked clean if the fault is intermittent.
+    fn relapse(
+        &mut self,
+        now_ms: i64,
+        score: f64,
+        intermittent: bool,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let clean_ms = (now_ms - self.probation_since_ms).max(0);
+        self.drain(
+            now_ms,
+            TransitionReason::Relapse { score },
+            intermittent,
+            p,
+            out,
+        );
+        if intermittent {
+            self.intermittent_relapses += 1;
+            self.intermittent_clean_ms += clean_ms;
+        } else {
+            self.sustained_relapse = true;
+        }
+    }
+
+    /// How long a probation must run before it may pass: the incident's
+    /// intermittent relapses looked clean for a while before the fault
+    /// showed, so a pass sooner than a few times that is luck, not health
+    /// (see `StatePolicy::intermittent_hold_factor`).
+    pub fn intermittent_hold_ms(&self, p: &StatePolicy) -> i64 {
+        if self.sustained_relapse || p.intermittent_hold_factor == 0.0 {
+            return 0;
+        }
+        if self.intermittent_relapses == 0 {
+            // No probation has shown how long the fault hides yet.
+            return if self.intermittent_drain {
+                p.max_intermittent_hold_ms
+            } else {
+                0
+            };
+        }
+        let mean = self.intermittent_clean_ms as f64 / self.intermittent_relapses as f64;
+        ((p.intermittent_hold_factor * mean) as i64).min(p.max_intermittent_hold_ms)
+    }
+
     /// Drains and raises the penalty; the cool-down grows with the penalty
     /// (SPEC §5, seed 002). A failed probation (OBSERVING → DRAINED) counts
     /// as a repeat of the incident, so an upstream that keeps failing its
@@ -396,10 +471,21 @@ impl StateMachine {
         &mut self,
         now_ms: i64,
         reason: TransitionReason,
+        intermittent: bool,
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
         let penalty = self.penalty(now_ms, p);
+        if matches!(
+            self.state,
+            ChannelState::Healthy | ChannelState::AtRisk { .. }
+        ) {
+            // Drained from service: earlier probations say nothing now.
+            self.intermittent_relapses = 0;
+            self.intermittent_clean_ms = 0;
+            self.sustained_relapse = false;
+            self.intermittent_drain = intermittent;
+        }
         if !matches!(
             self.state,
             ChannelState::Drained { .. } | ChannelState::Observing { .. }
@@ -440,7 +526,8 @@ impl StateMachine {
             return;
         }
         if !matches!(self.state, ChannelState::Drained { .. }) {
-            self.drain(now_ms, TransitionReason::ConsecutiveFailures { n }, p, out);
+            let reason = TransitionReason::ConsecutiveFailures { n };
+            self.drain(now_ms, reason, false, p, out);
         }
     }
 
@@ -502,6 +589,7 @@ impl StateMachine {
                 score_high: None,
                 evidence: u32::MAX,
                 correlated: false,
+                intermittent: false,
             },
             p,
             out,
@@ -521,11 +609,12 @@ impl StateMachine {
                     // would let a channel still failing back to full weight
                     // only to drain it moments later (a re-trip).
                     let exit = e.score_high.map_or(s, |h| h.max(s));
-                    self.step_serving(now_ms, s, exit, e.correlated, p, out);
+                    self.step_serving(now_ms, s, exit, e, p, out);
                 }
             }
             ChannelState::Drained { since_ms, until_ms } => {
                 if now_ms >= until_ms {
+                    self.probation_since_ms = now_ms;
                     self.set_state(
                         now_ms,
                         ChannelState::Observing {
@@ -544,7 +633,7 @@ impl StateMachine {
                 if let Some(s) = e.score {
                     let low = e.score_low.unwrap_or(s);
                     if low >= p.relapse_score {
-                        self.drain(now_ms, TransitionReason::Relapse { score: s }, p, out);
+                        self.relapse(now_ms, s, e.intermittent, p, out);
                     } else {
                         let s = e.score_high.map_or(s, |h| h.max(s));
                         self.step_observing(now_ms, since_ms, passes, s, e.evidence, p, out);
@@ -560,7 +649,7 @@ impl StateMachine {
                     .score
                     .filter(|s| e.score_low.unwrap_or(*s) >= p.relapse_score);
                 if let Some(s) = relapse {
-                    self.drain(now_ms, TransitionReason::Relapse { score: s }, p, out);
+                    self.relapse(now_ms, s, e.intermittent, p, out);
                 } else if now_ms >= next_step_ms {
                     self.step_recovery(now_ms, since_ms, weight, p, out);
                 }
@@ -576,11 +665,11 @@ impl StateMachine {
         now_ms: i64,
         s: f64,
         exit_score: f64,
-        correlated: bool,
+        e: Evaluation,
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
-        let count = |c: u32, hit: bool| if hit && !correlated { c + 1 } else { 0 };
+        let count = |c: u32, hit: bool| if hit && !e.correlated { c + 1 } else { 0 };
         self.over_drain = count(self.over_drain, s >= p.drain_enter);
         self.over_at_risk = count(self.over_at_risk, s >= p.at_risk_enter);
         self.under_exit = if exit_score < p.at_risk_exit {
@@ -595,7 +684,7 @@ impl StateMachine {
                 score: s,
                 evaluations,
             };
-            self.drain(now_ms, reason, p, out);
+            self.drain(now_ms, reason, e.intermittent, p, out);
         } else if healthy && self.over_at_risk >= p.at_risk_confirmations {
             let evaluations = self.over_at_risk;
             let reason = TransitionReason::ScoreAtRisk {
@@ -641,7 +730,9 @@ impl StateMachine {
             };
             return;
         }
-        if !enough_evidence(now_ms - since_ms, evidence, p) {
+        if !enough_evidence(now_ms - since_ms, evidence, p)
+            || now_ms - since_ms < self.intermittent_hold_ms(p)
+        {
             // Too little evidence to call it a pass yet: keep the streak.
             return;
         }
@@ -924,6 +1015,7 @@ mod tests {
             score_high: None,
             evidence: u32::MAX,
             correlated: true,
+            intermittent: false,
         };
         // Healthy and bad while the whole group is: no AT_RISK, no drain.
         let mut m = StateMachine::default();
@@ -988,6 +1080,7 @@ mod tests {
             score_high: Some(high),
             evidence: u32::MAX,
             correlated: false,
+            intermittent: false,
         };
         m.step(p.cooldown_ms + 5_000, e(0.6, 0.1, 0.9), &p, &mut out);
         assert_eq!(m.kind(), StateKind::Observing);
@@ -1011,9 +1104,103 @@ mod tests {
             score_high: None,
             evidence,
             correlated: false,
+            intermittent: false,
         };
         m.step(t, e, &policy(), &mut out);
         out
+    }
+
+    /// Steps `m` every 5 s from `from_ms` with a clean reading (plenty of
+    /// evidence) until it leaves OBSERVING or `until_ms`; returns when.
+    fn observe_clean(m: &mut StateMachine, from_ms: i64, until_ms: i64) -> i64 {
+        let mut t = from_ms;
+        while t < until_ms && m.kind() == StateKind::Observing {
+            with_evidence(m, t, 0.0, u32::MAX);
+            t += 5_000;
+        }
+        t - 5_000
+    }
+
+    #[test]
+    fn intermittent_relapses_hold_the_next_probation_sustained_ones_do_not() {
+        let p = policy();
+        let bad = |intermittent| Evaluation {
+            score: Some(0.7),
+            score_low: Some(0.7),
+            score_high: Some(0.7),
+            evidence: u32::MAX,
+            correlated: false,
+            intermittent,
+        };
+        let mut out = Vec::new();
+        // Drained from service on a tail-only reading: no relapse has shown
+        // how long the fault hides, so the first probation is held the cap.
+        let mut m = StateMachine::default();
+        for i in 0..p.drain_confirmations as i64 {
+            m.step(i * 5_000, bad(true), &p, &mut out);
+        }
+        assert_eq!(m.kind(), StateKind::Drained);
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        assert_eq!(m.kind(), StateKind::Observing);
+        assert_eq!(m.intermittent_hold_ms(&p), p.max_intermittent_hold_ms);
+        let passed = observe_clean(&mut m, open + 5_000, open + 600_000);
+        assert_eq!(m.kind(), StateKind::Recovering);
+        assert!(passed - open >= p.max_intermittent_hold_ms, "{passed}");
+        // It relapses 40 s into the recovery (120 s clean in all, counted
+        // from the probation's start, recovery included)...
+        let relapse_at = open + p.max_intermittent_hold_ms + 40_000;
+        m.step(relapse_at, bad(true), &p, &mut out);
+        assert_eq!(m.kind(), StateKind::Drained);
+        let clean = relapse_at - open;
+        let hold = (p.intermittent_hold_factor * clean as f64) as i64;
+        assert_eq!(
+            m.intermittent_hold_ms(&p),
+            hold.min(p.max_intermittent_hold_ms)
+        );
+        // ...and the next probation waits that long however clean it looks,
+        // where one without the history passes on three clean evaluations.
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        let passed = observe_clean(&mut m, open + 5_000, open + 600_000);
+        assert!(passed - open >= m_hold(&p, clean), "{}", passed - open);
+        // A relapse on anything else says the fault is sustained: its
+        // probations relapse on their own, no hold.
+        let mut m = drained();
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        m.step(open + 30_000, bad(true), &p, &mut out);
+        assert!(m.intermittent_hold_ms(&p) > 0);
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        m.step(open + 30_000, bad(false), &p, &mut out);
+        assert_eq!(m.intermittent_hold_ms(&p), 0);
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        let passed = observe_clean(&mut m, open + 5_000, open + 600_000);
+        assert_eq!(m.kind(), StateKind::Recovering);
+        assert_eq!(passed - open, 15_000);
+        // Off at factor 0.
+        let off = StatePolicy {
+            intermittent_hold_factor: 0.0,
+            ..policy()
+        };
+        let mut m = drained();
+        let open = cooldown_end(&m);
+        with_evidence(&mut m, open, 0.0, 0);
+        m.step(open + 30_000, bad(true), &off, &mut out);
+        assert_eq!(m.intermittent_hold_ms(&off), 0);
+    }
+
+    fn cooldown_end(m: &StateMachine) -> i64 {
+        match m.state() {
+            ChannelState::Drained { until_ms, .. } => until_ms,
+            other => panic!("not drained: {other:?}"),
+        }
+    }
+
+    fn m_hold(p: &StatePolicy, clean_ms: i64) -> i64 {
+        ((p.intermittent_hold_factor * clean_ms as f64) as i64).min(p.max_intermittent_hold_ms)
     }
 
     #[test]

@@ -92,6 +92,21 @@ pub struct StatePolicy {
     /// periodic pulse that slowed one of 190 attempts leaves the point P99
     /// clean. 0 judges on the point estimate.
     pub probation_confidence_z: f64,
+    /// An intermittent fault (SPEC §4, seed 004: a 1–2 s latency pulse every
+    /// 40 s) leaves a probation at 5 % share looking clean until an attempt
+    /// happens to fall inside a pulse, and now and then none does for three
+    /// pulses in a row: the probation passes and the channel relapses in
+    /// RECOVERING (a re-trip). Once a probation of an incident has relapsed
+    /// on the tail alone, with the typical attempt as fast as the healthy
+    /// channel's P99 (see `engine`), a later probation of that incident
+    /// passes no sooner than this many times the mean time those probations
+    /// looked clean. A sustained fault relapses within seconds, so its hold
+    /// is short; a relapse on anything else never holds. 0 turns it off.
+    pub intermittent_hold_factor: f64,
+    /// Cap on that hold: SPEC §5a's 8 minutes from a fault's end to full
+    /// weight must fit the grown cool-down, the hold and the recovery
+    /// schedule.
+    pub max_intermittent_hold_ms: i64,
     /// RECOVERING weight schedule (SPEC §5 / seed 002: +10 % every 120 s up
     /// to 40 %, then +20 %). The first step is also the starting weight.
     pub recovery_steps: Vec<RecoveryStep>,
@@ -134,6 +149,9 @@ impl Default for StatePolicy {
             observe_pass_score: 0.40,
             relapse_score: 0.45,
             probation_confidence_z: 1.0,
+            intermittent_hold_factor: 3.0,
+            // 180 s cool-down + 180 s hold + 90 s schedule + ticks < 480 s.
+            max_intermittent_hold_ms: 180_000,
             // SPEC §5a: full weight within 8 min of a fault ending, with
             // the default config. The SPEC §5 seed schedule (+10 % / 120 s
             // to 40 %, then +20 %) takes 720 s from its first step, so
@@ -274,11 +292,15 @@ impl StatePolicy {
             ("penalty_half_life_ms", st.penalty_half_life_ms),
             ("oscillation_window_ms", st.oscillation_window_ms),
             ("probation_max_wait_ms", st.probation_max_wait_ms),
+            ("max_intermittent_hold_ms", st.max_intermittent_hold_ms),
         ] {
             v.positive_ms(sk(k), x);
         }
         if !(st.probation_confidence_z >= 0.0 && st.probation_confidence_z <= 5.0) {
             v.push(sk("probation_confidence_z"), "must be within [0, 5]");
+        }
+        if !(st.intermittent_hold_factor >= 0.0 && st.intermittent_hold_factor <= 20.0) {
+            v.push(sk("intermittent_hold_factor"), "must be within [0, 20]");
         }
         if !(st.oscillation_penalty > 0.0 && st.oscillation_penalty.is_finite()) {
             v.push(sk("oscillation_penalty"), "must be a positive number");
