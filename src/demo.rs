@@ -47,8 +47,11 @@ pub struct DemoOptions {
     pub show_status: bool,
     /// One garbage record per this many events (0: none).
     pub garbage_every: u64,
-    /// Serve `/metrics` and `/status` here (ip:port).
+    /// Serve `/metrics` and `/status` here (ip:port; port 0 picks one).
     pub http_listen: Option<String>,
+    /// Told where the HTTP API listens once it does (a caller that asked
+    /// for port 0 learns the port).
+    pub http_bound: Option<std::sync::mpsc::Sender<std::net::SocketAddr>>,
     /// Operator commands to send the service, each at this many seconds
     /// into the run (a scripted override: a pin, a freeze).
     pub commands: Vec<(
@@ -378,6 +381,9 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     let topics = rt.kafka.clone();
     let (store, weights) = weight_source(&file.policy, opts.redis_url.as_deref())?;
     let service = Service::start(file, store, None).await?;
+    if let (Some(tx), Some(addr)) = (&opts.http_bound, service.http_addr) {
+        let _ = tx.send(addr);
+    }
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("linger.ms", "5")

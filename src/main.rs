@@ -437,6 +437,7 @@ fn demo(
         show_status: true,
         garbage_every: 500,
         http_listen: http,
+        http_bound: None,
         commands: Vec::new(),
     }))?;
     println!(

@@ -54,6 +54,7 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         show_status: false,
         garbage_every: 50,
         http_listen: None,
+        http_bound: None,
         commands: Vec::new(),
     })
     .await
@@ -114,6 +115,7 @@ async fn operator_overrides_reach_the_engines_and_the_writer() {
         show_status: false,
         garbage_every: 0,
         http_listen: None,
+        http_bound: None,
         commands: vec![
             (
                 7,

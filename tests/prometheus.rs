@@ -284,11 +284,11 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
     let (Some(promtool), Some(prometheus)) = (tool("promtool"), tool("prometheus")) else {
         return;
     };
-    let port = support::free_port();
-    let target = format!("127.0.0.1:{port}");
+    // The demo binds port 0 and says which port it got: a port picked
+    // here and bound there later can be taken in between (CI saw it).
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
     // The demo's future holds the mock cluster (not Send): its own thread
     // and runtime.
-    let listen = target.clone();
     let demo = std::thread::spawn(move || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -302,10 +302,18 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
                 redraw: false,
                 show_status: false,
                 garbage_every: 50,
-                http_listen: Some(listen),
+                http_listen: Some("127.0.0.1:0".into()),
+                http_bound: Some(bound_tx),
                 commands: Vec::new(),
             }))
     });
+    let target = match bound_rx.recv_timeout(Duration::from_secs(DRAIN_WITHIN_S)) {
+        Ok(addr) => addr.to_string(),
+        Err(e) => panic!(
+            "the demo never served HTTP ({e}): {:?}",
+            demo.join().map(|r| r.map(|_| ()))
+        ),
+    };
     let prom = Prometheus::start(&prometheus, &target);
     let t0 = Instant::now();
 

@@ -153,6 +153,9 @@ pub struct Service {
     done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
     request_thread: Option<std::thread::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Where the HTTP API listens (`service.http_listen`, its port resolved
+    /// when it was 0); `None` when it is off.
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl Service {
@@ -193,11 +196,16 @@ impl Service {
             stop.clone(),
         )));
         let listen = &runtime.service.http_listen;
+        let mut http_addr = None;
         if !listen.is_empty() {
             let l = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
-            tracing::info!(listen = %listen, "serving /metrics, /status, /healthz, /readyz and /v1/overrides");
+            let addr = l
+                .local_addr()
+                .with_context(|| format!("binding {listen}"))?;
+            http_addr = Some(addr);
+            tracing::info!(listen = %addr, "serving /metrics, /status, /healthz, /readyz and /v1/overrides");
             let api = http::Api {
                 metrics: metrics.clone(),
                 control: control.clone(),
@@ -271,6 +279,7 @@ impl Service {
             done,
             request_thread: Some(request_thread),
             tasks,
+            http_addr,
         })
     }
 
