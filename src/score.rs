@@ -96,10 +96,20 @@ fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f
 /// [`crate::signals::wilson_low`]), the others as measured. A channel on
 /// probation relapses only when even this optimistic reading is bad, so a
 /// few unlucky failures among a few dozen attempts do not send a recovered
-/// channel back (SPEC §5a: probation evidence fits the traffic).
+/// channel back (SPEC §5a: probation evidence fits the traffic). When the
+/// comprehensive failure rate (`bad_outcome_rate`) voted, the rates whose
+/// failures it counts too are left out: the same few failures read at
+/// several lower bounds add up to a relapse none of them supports (seed
+/// 003's line fails 2 % on a good day; 6 failures in 61 attempts after its
+/// fault ended sent it back twice over, through `error_rate` and
+/// `bad_outcome_rate`).
 pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
+    let comprehensive = signals.get(SignalKind::BadOutcomeRate).is_some();
     bounded(signals, policy, &|k, m| {
-        if k.is_rate() {
+        if comprehensive && k.within_bad_outcome() {
+            // Not counted: `severity` of NaN is 0.
+            f64::NAN
+        } else if k.is_rate() {
             crate::signals::wilson_low(m.value, m.samples, z)
         } else {
             m.value
@@ -237,6 +247,26 @@ mod tests {
         // z = 0 is the point estimate.
         let s = at(0.07, 300);
         assert!((optimistic(&s, &point, 0.0) - score(&s, &point).value).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_relapse_reading_counts_the_same_failures_once() {
+        let p = SignalPolicies::default();
+        // Seed 003's line after its fault: 6 failed of 61, all errors, so
+        // the error rate and the failure rate both read 9.8 %.
+        let mut s = Signals::default();
+        s.values[SignalKind::ErrorRate as usize] = Some(Measurement::of(6.0 / 61.0, 61));
+        s.values[SignalKind::RecentFailureRate as usize] = Some(Measurement::of(0.06, 100));
+        assert!(
+            optimistic(&s, &p, 1.0) > 0.0,
+            "alone, the error rate counts"
+        );
+        s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement::of(6.0 / 61.0, 61));
+        let once = optimistic(&s, &p, 1.0);
+        s.values[SignalKind::ErrorRate as usize] = None;
+        s.values[SignalKind::RecentFailureRate as usize] = None;
+        assert_eq!(once, optimistic(&s, &p, 1.0));
+        assert!(once < 0.45, "{once}: one rate's lower bound is no relapse");
     }
 
     #[test]

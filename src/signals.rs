@@ -212,6 +212,20 @@ impl SignalKind {
         )
     }
 
+    /// A failure rate whose failures `BadOutcomeRate` counts too: hard
+    /// failures (errors, the last outcomes) and each kind of bad answer.
+    pub fn within_bad_outcome(self) -> bool {
+        matches!(
+            self,
+            SignalKind::ErrorRate
+                | SignalKind::RecentFailureRate
+                | SignalKind::TruncationRate
+                | SignalKind::SchemaInvalidRate
+                | SignalKind::GarbledRate
+                | SignalKind::ShortOutputShare
+        )
+    }
+
     /// A tail quantile (a P99, or its ratio to the baseline): what a few
     /// slow attempts move while the typical one is fine.
     pub fn is_tail(self) -> bool {
