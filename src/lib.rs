@@ -14,6 +14,7 @@
 //!   resolution) and encode; typed errors for the dead-letter topic.
 //! - `config`: the TOML config, every SPEC threshold as a validated default,
 //!   tier and per-channel overrides.
+//! - `digest`: a view's merged t-digest, built from ordered runs.
 //! - `window`: event-time slice rings with t-digests, the last-N outcome
 //!   window, the failure streak, the baseline.
 //! - `signals`: SPEC §4 signals measured from the windows.
@@ -70,6 +71,7 @@ pub mod config;
 pub mod ctl;
 pub mod dedup;
 pub mod demo;
+pub mod digest;
 pub mod engine;
 pub mod event;
 pub mod health;

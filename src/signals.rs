@@ -590,7 +590,7 @@ pub fn measure(
 
 impl LatencySummary {
     /// The P99 latency measurement and the digest behind it.
-    fn of(p99: Measurement, d: &tdigest::TDigest) -> LatencySummary {
+    fn of(p99: Measurement, d: &crate::digest::MergedDigest) -> LatencySummary {
         LatencySummary {
             p50_ms: d.estimate_quantile(0.5).unwrap_or(0.0),
             p95_ms: d.estimate_quantile(0.95).unwrap_or(0.0),
@@ -732,7 +732,7 @@ impl Pass<'_> {
         q: f64,
         count: fn(&Counters) -> u32,
         min: u32,
-    ) -> Option<(Measurement, tdigest::TDigest)> {
+    ) -> Option<(Measurement, crate::digest::MergedDigest)> {
         let pop_ok = |p: Pop| match which {
             Digest::LatencyProbe => p == Pop::Probe,
             _ => p == Pop::Real,

@@ -40,6 +40,7 @@
 //! really holds, duplicate detection included. The outcome window is
 //! `outcome_window` bytes, the baseline 16 B per point.
 
+use crate::digest::{self, Centroid, MergedDigest, Runs};
 use crate::event::{ErrorClass, RequestEvent};
 use tdigest::TDigest;
 
@@ -235,6 +236,23 @@ impl SliceDigests {
             .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64))
     }
 
+    /// Adds kind `k` (if it holds values) to a merged digest's runs.
+    fn add_to(&self, runs: &mut Runs, k: usize) {
+        if self.is_empty(k) {
+            return;
+        }
+        runs.add(
+            self.centroids[self.range(k)].iter().map(|c| Centroid {
+                mean: c[0] as f64,
+                weight: c[1] as f64,
+            }),
+            self.count[k] as f64,
+            self.sum[k],
+            self.min[k] as f64,
+            self.max[k] as f64,
+        );
+    }
+
     /// Kind `k` as a t-digest of compression `size`.
     fn to_tdigest(&self, k: usize, size: usize) -> TDigest {
         if self.is_empty(k) {
@@ -257,78 +275,58 @@ impl SliceDigests {
             if other.is_empty(k) {
                 continue;
             }
-            let mut view = MergedView {
-                max_size: size,
-                ..MergedView::default()
-            };
-            view.add(self, k);
-            view.add(other, k);
-            if let Some(merged) = view.finish() {
-                self.store(k, &merged);
+            let merged = digest::gather(size, |runs| {
+                self.add_to(runs, k);
+                other.add_to(runs, k);
+            });
+            if let Some(merged) = merged {
+                self.store_merged(k, &merged);
             }
         }
     }
 
     /// Replaces kind `k` with `d`.
     fn store(&mut self, k: usize, d: &TDigest) {
-        let range = self.range(k);
-        let old = range.len();
-        let new = d.centroids().len();
-        self.centroids.splice(
-            range,
+        self.store_parts(
+            k,
             d.centroids()
                 .iter()
                 .map(|c| [c.mean() as f32, c.weight() as f32]),
+            (d.count(), d.sum(), d.min(), d.max()),
         );
+    }
+
+    /// Replaces kind `k` with a merged digest.
+    fn store_merged(&mut self, k: usize, d: &MergedDigest) {
+        self.store_parts(
+            k,
+            d.centroids()
+                .iter()
+                .map(|c| [c.mean as f32, c.weight as f32]),
+            (d.count(), d.sum(), d.min(), d.max()),
+        );
+    }
+
+    /// Replaces kind `k` with `centroids` and a summary (count, sum, min,
+    /// max).
+    fn store_parts(
+        &mut self,
+        k: usize,
+        centroids: impl ExactSizeIterator<Item = [f32; 2]>,
+        (count, sum, min, max): (f64, f64, Option<f64>, Option<f64>),
+    ) {
+        let range = self.range(k);
+        let old = range.len();
+        let new = centroids.len();
+        self.centroids.splice(range, centroids);
         for end in &mut self.ends[k..] {
             *end = (*end as usize + new - old) as u16;
         }
         self.centroids.shrink_to_fit();
-        self.count[k] = d.count() as u32;
-        self.sum[k] = d.sum();
-        self.min[k] = d.min().unwrap_or(0.0) as f32;
-        self.max[k] = d.max().unwrap_or(0.0) as f32;
-    }
-}
-
-/// Accumulates slice digests into one (see `SliceRing::digest`).
-#[derive(Default)]
-struct MergedView {
-    centroids: Vec<tdigest::Centroid>,
-    sum: f64,
-    count: f64,
-    min: Option<f64>,
-    max: Option<f64>,
-    max_size: usize,
-}
-
-impl MergedView {
-    /// Adds kind `k` of a slice.
-    fn add(&mut self, d: &SliceDigests, k: usize) {
-        if d.is_empty(k) {
-            return;
-        }
-        self.centroids.extend(d.centroids_of(k));
-        self.sum += d.sum[k];
-        self.count += d.count[k] as f64;
-        let (lo, hi) = (d.min[k] as f64, d.max[k] as f64);
-        self.min = Some(self.min.map_or(lo, |m| m.min(lo)));
-        self.max = Some(self.max.map_or(hi, |m| m.max(hi)));
-    }
-
-    fn finish(self) -> Option<TDigest> {
-        if self.centroids.is_empty() {
-            return None;
-        }
-        // Sorts the centroids; compresses only past max_size.
-        Some(TDigest::new(
-            self.centroids,
-            self.sum,
-            self.count,
-            self.max,
-            self.min,
-            self.max_size,
-        ))
+        self.count[k] = count as u32;
+        self.sum[k] = sum;
+        self.min[k] = min.unwrap_or(0.0) as f32;
+        self.max[k] = max.unwrap_or(0.0) as f32;
     }
 }
 
@@ -721,7 +719,7 @@ impl SliceRing {
         now_ms: i64,
         window_ms: i64,
         not_before_ms: i64,
-    ) -> Option<TDigest> {
+    ) -> Option<MergedDigest> {
         self.drain_stage();
         let clip = self.slice_of(not_before_ms + self.slice_ms - 1);
         if not_before_ms > i64::MIN / 2 {
@@ -729,12 +727,6 @@ impl SliceRing {
         }
         self.retire_through(self.slice_of(now_ms) - self.short_slices as i64);
         let (first, last) = self.range(now_ms, window_ms, not_before_ms);
-        // Gather the view's centroids and build one digest: no per-slice
-        // clones (this runs for every channel on every evaluation tick).
-        let mut merged = MergedView {
-            max_size: self.view_size,
-            ..MergedView::default()
-        };
         // The fine slices in the view, and the panes whose values reach
         // into it (whole: a pane's oldest slices may be older than the
         // view) but none with values from before `not_before_ms`.
@@ -749,20 +741,23 @@ impl SliceRing {
             .iter()
             .filter(|p| p.held.1 >= first && p.held.0 <= last && p.held.0 >= clip)
             .map(|p| &p.digests);
-        for d in panes.chain(fine) {
-            match which {
-                // Real latency: the short- and long-input digests together.
-                Digest::Latency => {
-                    merged.add(d, STAGE_SHORT);
-                    merged.add(d, STAGE_LONG);
+        // One merge of the view's centroids, in reused buffers (this runs
+        // for every channel on every evaluation tick).
+        digest::gather(self.view_size, |runs| {
+            for d in panes.chain(fine) {
+                match which {
+                    // Real latency: the short- and long-input digests together.
+                    Digest::Latency => {
+                        d.add_to(runs, STAGE_SHORT);
+                        d.add_to(runs, STAGE_LONG);
+                    }
+                    Digest::LatencyLong => d.add_to(runs, STAGE_LONG),
+                    Digest::LatencyProbe => d.add_to(runs, STAGE_PROBE),
+                    Digest::Ttfb => d.add_to(runs, STAGE_TTFB),
+                    Digest::OutputTokens => d.add_to(runs, STAGE_OUTPUT),
                 }
-                Digest::LatencyLong => merged.add(d, STAGE_LONG),
-                Digest::LatencyProbe => merged.add(d, STAGE_PROBE),
-                Digest::Ttfb => merged.add(d, STAGE_TTFB),
-                Digest::OutputTokens => merged.add(d, STAGE_OUTPUT),
             }
-        }
-        merged.finish()
+        })
     }
 
     /// Oldest and newest quota report in the view, for the burn rate.

@@ -1,0 +1,508 @@
+//! A view's merged t-digest, built without allocating or sorting from scratch.
+//!
+//! On every evaluation tick each channel merges, per digest kind, the
+//! centroids of the slices and panes in a view and reads a few quantiles.
+//! `tdigest::TDigest::new` did that with a generic stable sort of all of
+//! them (about 300: twelve slices' runs of up to 25, interleaved) and a
+//! fresh allocation per digest: a third of the request path's time at
+//! steady state, most of it in the sort.
+//!
+//! [`MergedDigest`] is the same digest: the same centroids, bit for bit,
+//! and the same quantile estimates. Its arithmetic is `tdigest` 1.0.1's
+//! (`TDigest::new`, `merge_digests`, `estimate_quantile`), copied in the
+//! same order of operations, and `tests::same_digest_as_the_crate` compares
+//! the two on random views. What differs is how it gets there:
+//! - each slice's centroids are already in order, so the runs are merged
+//!   pairwise (`log₂ runs` linear passes) instead of sorted; a run that is
+//!   not in order (two `f64` means that narrowed to one `f32`) sends the
+//!   whole view to `sort_unstable_by`. Centroids are ordered by mean, then
+//!   weight, both with `total_cmp`, so two that compare equal are equal bit
+//!   for bit and every correct sort gives the same sequence;
+//! - the gathered centroids live in per-thread buffers reused across calls.
+
+use std::cell::RefCell;
+use std::cmp::Ordering;
+
+/// A centroid: the mean of `weight` values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Centroid {
+    pub mean: f64,
+    pub weight: f64,
+}
+
+impl Centroid {
+    /// `tdigest::Centroid`'s order: mean, then weight.
+    fn cmp(&self, other: &Centroid) -> Ordering {
+        self.mean
+            .total_cmp(&other.mean)
+            .then_with(|| self.weight.total_cmp(&other.weight))
+    }
+
+    /// `tdigest::Centroid::merge`.
+    fn merge(&mut self, mean: f64, weight: f64) {
+        let new_weight = self.weight + weight;
+        if self.mean == mean {
+            self.weight = new_weight;
+            return;
+        }
+        let added_fraction = weight / new_weight;
+        let combined = self.mean * (1.0 - added_fraction) + mean * added_fraction;
+        self.mean = if !combined.is_finite()
+            || (combined < self.mean && combined < mean)
+            || (combined > self.mean && combined > mean)
+        {
+            interpolate(self.mean, mean, added_fraction)
+        } else {
+            combined
+        };
+        self.weight = new_weight;
+    }
+}
+
+/// `tdigest`'s linear interpolation.
+fn interpolate(left: f64, right: f64, fraction: f64) -> f64 {
+    if left == right {
+        left
+    } else if left.is_sign_negative() == right.is_sign_negative() {
+        left + (right - left) * fraction
+    } else {
+        left * (1.0 - fraction) + right * fraction
+    }
+}
+
+/// `tdigest`'s scale function: the weight a digest of `max_size` lets its
+/// first `k` centroids hold.
+fn weight_limit(k: f64, max_size: usize, count: f64) -> f64 {
+    if k >= max_size as f64 {
+        f64::INFINITY
+    } else {
+        let k_div_d = k / max_size as f64;
+        let q = if k_div_d >= 0.5 {
+            let base = 1.0 - k_div_d;
+            1.0 - 2.0 * base * base
+        } else {
+            2.0 * k_div_d * k_div_d
+        };
+        q * count
+    }
+}
+
+/// A merged digest: centroids in ascending order and the summary of the
+/// values behind them. Never empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedDigest {
+    centroids: Vec<Centroid>,
+    count: f64,
+    sum: f64,
+    min: f64,
+    max: f64,
+}
+
+impl MergedDigest {
+    pub fn centroids(&self) -> &[Centroid] {
+        &self.centroids
+    }
+
+    pub fn count(&self) -> f64 {
+        self.count
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    pub fn min(&self) -> Option<f64> {
+        Some(self.min)
+    }
+
+    pub fn max(&self) -> Option<f64> {
+        Some(self.max)
+    }
+
+    /// The value at quantile `q` (`tdigest::TDigest::estimate_quantile`).
+    pub fn estimate_quantile(&self, q: f64) -> Option<f64> {
+        let count = self.count;
+        let rank = q * count;
+        let mut pos: usize;
+        let mut t: f64;
+        if q > 0.5 {
+            if q >= 1.0 {
+                return Some(self.max);
+            }
+            pos = 0;
+            t = count;
+            for (k, centroid) in self.centroids.iter().enumerate().rev() {
+                t -= centroid.weight;
+                if rank >= t {
+                    pos = k;
+                    break;
+                }
+            }
+        } else {
+            if q <= 0.0 {
+                return Some(self.min);
+            }
+            pos = self.centroids.len() - 1;
+            t = 0.0;
+            for (k, centroid) in self.centroids.iter().enumerate() {
+                if rank < t + centroid.weight {
+                    pos = k;
+                    break;
+                }
+                t += centroid.weight;
+            }
+        }
+        Some(self.interpolate_quantile(pos, rank, t))
+    }
+
+    fn interpolate_quantile(&self, pos: usize, rank: f64, weight_before: f64) -> f64 {
+        let centroid = &self.centroids[pos];
+        let offset = (rank - weight_before) / centroid.weight - 0.5;
+        let (neighbor, weight_fraction) = if offset < 0.0 {
+            if pos == 0 {
+                (self.min, 1.0)
+            } else {
+                let previous = &self.centroids[pos - 1];
+                (
+                    previous.mean,
+                    centroid.weight / (previous.weight + centroid.weight),
+                )
+            }
+        } else if pos + 1 == self.centroids.len() {
+            (self.max, 1.0)
+        } else {
+            let next = &self.centroids[pos + 1];
+            (next.mean, centroid.weight / (centroid.weight + next.weight))
+        };
+        let offset_magnitude = if offset < 0.0 { -offset } else { offset };
+        interpolate(
+            centroid.mean,
+            neighbor,
+            (offset_magnitude * 2.0 * weight_fraction).clamp(0.0, 1.0),
+        )
+        .clamp(self.min, self.max)
+    }
+}
+
+/// Runs of centroids being gathered for one merged digest, with their
+/// summaries. Get one from [`gather`].
+#[derive(Default)]
+pub struct Runs {
+    items: Vec<Centroid>,
+    /// Where each run starts in `items`.
+    starts: Vec<usize>,
+    spare: Vec<Centroid>,
+    sum: f64,
+    count: f64,
+    min: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Runs {
+    /// Adds the centroids of one digest of `count` values (in ascending
+    /// order, as a digest keeps them) and its summary.
+    pub fn add(
+        &mut self,
+        centroids: impl Iterator<Item = Centroid>,
+        count: f64,
+        sum: f64,
+        min: f64,
+        max: f64,
+    ) {
+        self.starts.push(self.items.len());
+        self.items.extend(centroids);
+        self.sum += sum;
+        self.count += count;
+        self.min = Some(self.min.map_or(min, |m| m.min(min)));
+        self.max = Some(self.max.map_or(max, |m| m.max(max)));
+    }
+
+    /// The digest of everything added, compressed to `max_size` centroids
+    /// if it holds more (what `TDigest::new` returns for the concatenated
+    /// centroids and summed summaries); `None` if nothing was added.
+    fn finish(&mut self, max_size: usize) -> Option<MergedDigest> {
+        assert!(max_size > 0, "a digest holds at least one centroid");
+        if self.items.is_empty() {
+            return None;
+        }
+        self.sort();
+        let centroids = if self.items.len() > max_size {
+            compress(&self.items, max_size, self.count)
+        } else {
+            self.items.clone()
+        };
+        Some(MergedDigest {
+            centroids,
+            count: self.count,
+            sum: self.sum,
+            min: self.min.expect("a run was added"),
+            max: self.max.expect("a run was added"),
+        })
+    }
+
+    /// Puts `items` in order: merges the runs pairwise, or sorts them all
+    /// when a run is out of order.
+    fn sort(&mut self) {
+        let ordered = |s: &[Centroid]| s.windows(2).all(|w| w[0].cmp(&w[1]) != Ordering::Greater);
+        let n = self.items.len();
+        let runs_in_order = (0..self.starts.len()).all(|r| {
+            let end = self.starts.get(r + 1).copied().unwrap_or(n);
+            ordered(&self.items[self.starts[r]..end])
+        });
+        if !runs_in_order {
+            self.items.sort_unstable_by(Centroid::cmp);
+            return;
+        }
+        self.spare.clear();
+        self.spare.resize(
+            n,
+            Centroid {
+                mean: 0.0,
+                weight: 0.0,
+            },
+        );
+        while self.starts.len() > 1 {
+            let mut next = 0;
+            let mut r = 0;
+            while r < self.starts.len() {
+                let lo = self.starts[r];
+                let mid = self.starts.get(r + 1).copied().unwrap_or(n);
+                let hi = self.starts.get(r + 2).copied().unwrap_or(n);
+                merge_into(
+                    &self.items[lo..mid],
+                    &self.items[mid..hi],
+                    &mut self.spare[lo..hi],
+                );
+                self.starts[next] = lo;
+                next += 1;
+                r += 2;
+            }
+            self.starts.truncate(next);
+            std::mem::swap(&mut self.items, &mut self.spare);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.starts.clear();
+        self.sum = 0.0;
+        self.count = 0.0;
+        self.min = None;
+        self.max = None;
+    }
+}
+
+/// Merges two ordered runs into `out` (`a.len() + b.len()` long).
+fn merge_into(a: &[Centroid], b: &[Centroid], out: &mut [Centroid]) {
+    let (mut i, mut j) = (0, 0);
+    for slot in out.iter_mut() {
+        let take_a = j == b.len() || (i < a.len() && a[i].cmp(&b[j]) != Ordering::Greater);
+        if take_a {
+            *slot = a[i];
+            i += 1;
+        } else {
+            *slot = b[j];
+            j += 1;
+        }
+    }
+}
+
+/// `tdigest::TDigest::merge_digests`' compression of ordered centroids.
+fn compress(sorted: &[Centroid], max_size: usize, count: f64) -> Vec<Centroid> {
+    let mut compressed = Vec::with_capacity(max_size.min(sorted.len()));
+    let mut k_limit = 1.0;
+    let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
+    k_limit += 1.0;
+    let mut curr = sorted[0];
+    let mut weight_so_far = curr.weight;
+    for centroid in &sorted[1..] {
+        weight_so_far += centroid.weight;
+        if weight_so_far <= q_limit_times_count {
+            curr.merge(centroid.mean, centroid.weight);
+        } else {
+            compressed.push(curr);
+            q_limit_times_count = weight_limit(k_limit, max_size, count);
+            k_limit += 1.0;
+            curr = *centroid;
+        }
+    }
+    compressed.push(curr);
+    if !compressed
+        .windows(2)
+        .all(|w| w[0].cmp(&w[1]) != Ordering::Greater)
+    {
+        compressed.sort_unstable_by(Centroid::cmp);
+    }
+    compressed
+}
+
+thread_local! {
+    static RUNS: RefCell<Runs> = RefCell::new(Runs::default());
+}
+
+/// Gathers runs with `fill` and returns their merged digest of at most
+/// `max_size` centroids (`None` if `fill` added nothing). The buffers are
+/// this thread's, reused across calls; a nested call gets fresh ones.
+pub fn gather(max_size: usize, fill: impl FnOnce(&mut Runs)) -> Option<MergedDigest> {
+    RUNS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut runs) => {
+            runs.clear();
+            fill(&mut runs);
+            let out = runs.finish(max_size);
+            runs.clear();
+            out
+        }
+        Err(_) => {
+            let mut runs = Runs::default();
+            fill(&mut runs);
+            runs.finish(max_size)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tdigest::TDigest;
+
+    /// A small deterministic generator (xorshift), so failures replay.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// One random slice digest as a window keeps it: a crate digest of
+    /// compression `size`, narrowed to `f32` centroids.
+    fn slice(rng: &mut Rng, size: usize) -> (Vec<(f32, f32)>, f64, f64, f32, f32) {
+        let n = 1 + rng.below(120) as usize;
+        let spread = [3, 50, 2_000, 60_000][rng.below(4) as usize];
+        let base = rng.below(1_000) as f64;
+        let values: Vec<f64> = (0..n).map(|_| base + rng.below(spread) as f64).collect();
+        let t = TDigest::new_with_size(size).merge_unsorted(values);
+        let cs = t
+            .centroids()
+            .iter()
+            .map(|c| (c.mean() as f32, c.weight() as f32))
+            .collect();
+        (
+            cs,
+            t.count(),
+            t.sum(),
+            t.min().unwrap() as f32,
+            t.max().unwrap() as f32,
+        )
+    }
+
+    #[test]
+    fn same_digest_as_the_crate() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..2_000 {
+            let slices: Vec<_> = (0..1 + rng.below(17))
+                .map(|_| {
+                    let size = [5, 25, 25, 100][rng.below(4) as usize];
+                    slice(&mut rng, size)
+                })
+                .collect();
+            let max_size = [10, 25, 100, 100][rng.below(4) as usize];
+            // What the window did before: every centroid widened, summaries
+            // summed in order, `TDigest::new`.
+            let mut all = Vec::new();
+            let (mut sum, mut count) = (0.0, 0.0);
+            let (mut lo, mut hi): (Option<f64>, Option<f64>) = (None, None);
+            for (cs, n, s, mn, mx) in &slices {
+                all.extend(
+                    cs.iter()
+                        .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64)),
+                );
+                sum += s;
+                count += n;
+                lo = Some(lo.map_or(*mn as f64, |m| m.min(*mn as f64)));
+                hi = Some(hi.map_or(*mx as f64, |m| m.max(*mx as f64)));
+            }
+            let expected = TDigest::new(all, sum, count, hi, lo, max_size);
+            let got = gather(max_size, |runs| {
+                for (cs, n, s, mn, mx) in &slices {
+                    runs.add(
+                        cs.iter().map(|c| Centroid {
+                            mean: c.0 as f64,
+                            weight: c.1 as f64,
+                        }),
+                        *n,
+                        *s,
+                        *mn as f64,
+                        *mx as f64,
+                    );
+                }
+            })
+            .unwrap();
+            let want: Vec<(u64, u64)> = expected
+                .centroids()
+                .iter()
+                .map(|c| (c.mean().to_bits(), c.weight().to_bits()))
+                .collect();
+            let have: Vec<(u64, u64)> = got
+                .centroids()
+                .iter()
+                .map(|c| (c.mean.to_bits(), c.weight.to_bits()))
+                .collect();
+            assert_eq!(have, want, "case {case}: centroids");
+            assert_eq!(got.count(), expected.count(), "case {case}");
+            assert_eq!(got.sum().to_bits(), expected.sum().to_bits(), "case {case}");
+            assert_eq!((got.min(), got.max()), (expected.min(), expected.max()));
+            for q in [0.0, 0.01, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
+                let (a, b) = (got.estimate_quantile(q), expected.estimate_quantile(q));
+                assert_eq!(
+                    a.map(f64::to_bits),
+                    b.map(f64::to_bits),
+                    "case {case} q {q}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_out_of_order_is_sorted_whole() {
+        // Two means that narrowed to one f32 keep their f64 order by mean,
+        // not by weight: the run (1.0, 5), (1.0, 3) is out of order.
+        let got = gather(100, |runs| {
+            runs.add(
+                [(1.0, 5.0), (1.0, 3.0), (2.0, 1.0)]
+                    .into_iter()
+                    .map(|(mean, weight)| Centroid { mean, weight }),
+                9.0,
+                11.0,
+                1.0,
+                2.0,
+            );
+            runs.add(
+                [(0.5, 1.0), (1.0, 4.0)]
+                    .into_iter()
+                    .map(|(mean, weight)| Centroid { mean, weight }),
+                5.0,
+                4.5,
+                0.5,
+                1.0,
+            );
+        })
+        .unwrap();
+        let order: Vec<(f64, f64)> = got.centroids().iter().map(|c| (c.mean, c.weight)).collect();
+        assert_eq!(
+            order,
+            vec![(0.5, 1.0), (1.0, 3.0), (1.0, 4.0), (1.0, 5.0), (2.0, 1.0)]
+        );
+        assert_eq!(got.count(), 14.0);
+    }
+
+    #[test]
+    fn nothing_gathered_is_no_digest() {
+        assert!(gather(100, |_| {}).is_none());
+    }
+}
