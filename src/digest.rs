@@ -192,6 +192,8 @@ pub struct Runs {
     /// Where each run starts in `items`.
     starts: Vec<usize>,
     spare: Vec<Centroid>,
+    /// Values being added to one digest (`add_values`).
+    values: Vec<f64>,
     sum: f64,
     count: f64,
     min: Option<f64>,
@@ -282,6 +284,79 @@ impl Runs {
         }
     }
 
+    /// The digest `TDigest::new` makes of what was added (one digest, at
+    /// most), with `values` merged in as `TDigest::merge_unsorted` merges
+    /// them; `None` if both are empty.
+    fn finish_with_values(&mut self, max_size: usize, values: &[f32]) -> Option<MergedDigest> {
+        assert!(max_size > 0, "a digest holds at least one centroid");
+        if values.is_empty() {
+            return self.finish(max_size);
+        }
+        self.sort();
+        if self.items.len() > max_size {
+            self.items = compress(&self.items, max_size, self.count);
+        }
+        self.values.clear();
+        self.values.extend(values.iter().map(|&v| v as f64));
+        self.values.sort_unstable_by(f64::total_cmp);
+        let (first, last) = (self.values[0], self.values[self.values.len() - 1]);
+        let (min, max) = match (self.count > 0.0, self.min, self.max) {
+            (true, Some(lo), Some(hi)) => (lo.min(first), hi.max(last)),
+            _ => (first, last),
+        };
+        let count = self.count + self.values.len() as f64;
+        let sum = self.sum + self.values.iter().sum::<f64>();
+        // `TDigest::compress_sorted`: the centroids and the values in one
+        // ascending stream (a centroid first only when strictly less).
+        let (centroids, values) = (&self.items, &self.values);
+        let (mut i, mut j) = (0, 0);
+        let mut next = || {
+            if i < centroids.len() && (j == values.len() || centroids[i].mean < values[j]) {
+                i += 1;
+                Some(centroids[i - 1])
+            } else if j < values.len() {
+                j += 1;
+                Some(Centroid {
+                    mean: values[j - 1],
+                    weight: 1.0,
+                })
+            } else {
+                None
+            }
+        };
+        let mut compressed = Vec::with_capacity(max_size.min(centroids.len() + values.len()));
+        let mut k_limit = 1.0;
+        let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
+        k_limit += 1.0;
+        let mut curr = next().expect("values are not empty");
+        let mut weight_so_far = curr.weight;
+        while let Some(c) = next() {
+            weight_so_far += c.weight;
+            if weight_so_far <= q_limit_times_count {
+                curr.merge(c.mean, c.weight);
+            } else {
+                compressed.push(curr);
+                q_limit_times_count = weight_limit(k_limit, max_size, count);
+                k_limit += 1.0;
+                curr = c;
+            }
+        }
+        compressed.push(curr);
+        if !compressed
+            .windows(2)
+            .all(|w| w[0].cmp(&w[1]) != Ordering::Greater)
+        {
+            compressed.sort_unstable_by(Centroid::cmp);
+        }
+        Some(MergedDigest {
+            centroids: compressed,
+            count,
+            sum,
+            min,
+            max,
+        })
+    }
+
     fn clear(&mut self) {
         self.items.clear();
         self.starts.clear();
@@ -344,19 +419,38 @@ thread_local! {
 /// `max_size` centroids (`None` if `fill` added nothing). The buffers are
 /// this thread's, reused across calls; a nested call gets fresh ones.
 pub fn gather(max_size: usize, fill: impl FnOnce(&mut Runs)) -> Option<MergedDigest> {
+    with_runs(|runs| {
+        fill(runs);
+        runs.finish(max_size)
+    })
+}
+
+/// A digest (added by `fill`, one run at most) with `values` merged in,
+/// compressed to `max_size`: what `tdigest` gives for
+/// `TDigest::new(..).merge_unsorted(values)` (a slice taking its staged
+/// values), bit for bit, without its allocations but the result's.
+pub fn add_values(
+    max_size: usize,
+    fill: impl FnOnce(&mut Runs),
+    values: &[f32],
+) -> Option<MergedDigest> {
+    with_runs(|runs| {
+        fill(runs);
+        debug_assert!(runs.starts.len() <= 1, "one digest takes the values");
+        runs.finish_with_values(max_size, values)
+    })
+}
+
+/// Runs `f` on this thread's cleared buffers (fresh ones if they are taken).
+fn with_runs<R>(f: impl FnOnce(&mut Runs) -> R) -> R {
     RUNS.with(|cell| match cell.try_borrow_mut() {
         Ok(mut runs) => {
             runs.clear();
-            fill(&mut runs);
-            let out = runs.finish(max_size);
+            let out = f(&mut runs);
             runs.clear();
             out
         }
-        Err(_) => {
-            let mut runs = Runs::default();
-            fill(&mut runs);
-            runs.finish(max_size)
-        }
+        Err(_) => f(&mut Runs::default()),
     })
 }
 
@@ -465,6 +559,69 @@ mod tests {
                     "case {case} q {q}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn values_are_added_as_the_crate_adds_them() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for case in 0..2_000 {
+            let size = [5, 25, 25, 100][rng.below(4) as usize];
+            let existing = (rng.below(4) != 0).then(|| slice(&mut rng, size));
+            let spread = [3, 50, 2_000, 60_000][rng.below(4) as usize];
+            let values: Vec<f32> = (0..rng.below(130))
+                .map(|_| rng.below(spread) as f32 + 0.25 * rng.below(4) as f32)
+                .collect();
+            let crate_digest = match &existing {
+                None => TDigest::new_with_size(size),
+                Some((cs, n, s, mn, mx)) => TDigest::new(
+                    cs.iter()
+                        .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64))
+                        .collect(),
+                    *s,
+                    *n,
+                    Some(*mx as f64),
+                    Some(*mn as f64),
+                    size,
+                ),
+            };
+            let expected = crate_digest.merge_unsorted(values.iter().map(|&v| v as f64).collect());
+            let got = add_values(
+                size,
+                |runs| {
+                    if let Some((cs, n, s, mn, mx)) = &existing {
+                        runs.add(
+                            cs.iter().map(|c| Centroid {
+                                mean: c.0 as f64,
+                                weight: c.1 as f64,
+                            }),
+                            *n,
+                            *s,
+                            *mn as f64,
+                            *mx as f64,
+                        );
+                    }
+                },
+                &values,
+            );
+            let Some(got) = got else {
+                assert!(expected.is_empty(), "case {case}");
+                continue;
+            };
+            let want: Vec<(u64, u64)> = expected
+                .centroids()
+                .iter()
+                .map(|c| (c.mean().to_bits(), c.weight().to_bits()))
+                .collect();
+            let have: Vec<(u64, u64)> = got
+                .centroids()
+                .iter()
+                .map(|c| (c.mean.to_bits(), c.weight.to_bits()))
+                .collect();
+            assert_eq!(have, want, "case {case}: centroids");
+            assert_eq!(got.count(), expected.count(), "case {case}");
+            assert_eq!(got.sum().to_bits(), expected.sum().to_bits(), "case {case}");
+            assert_eq!((got.min(), got.max()), (expected.min(), expected.max()));
         }
     }
 

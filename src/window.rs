@@ -42,7 +42,6 @@
 
 use crate::digest::{self, Centroid, MergedDigest, Runs};
 use crate::event::{ErrorClass, RequestEvent};
-use tdigest::TDigest;
 
 /// Staging buffer kinds (see `SliceRing::staged`) and their capacity.
 const STAGE_SHORT: usize = 0;
@@ -229,13 +228,6 @@ impl SliceDigests {
         self.count[k] == 0
     }
 
-    /// Kind `k`'s centroids, widened back to `f64`.
-    fn centroids_of(&self, k: usize) -> impl Iterator<Item = tdigest::Centroid> + '_ {
-        self.centroids[self.range(k)]
-            .iter()
-            .map(|c| tdigest::Centroid::new(c[0] as f64, c[1] as f64))
-    }
-
     /// Adds kind `k` (if it holds values) to a merged digest's runs.
     fn add_to(&self, runs: &mut Runs, k: usize) {
         if self.is_empty(k) {
@@ -253,21 +245,6 @@ impl SliceDigests {
         );
     }
 
-    /// Kind `k` as a t-digest of compression `size`.
-    fn to_tdigest(&self, k: usize, size: usize) -> TDigest {
-        if self.is_empty(k) {
-            return TDigest::new_with_size(size);
-        }
-        TDigest::new(
-            self.centroids_of(k).collect(),
-            self.sum[k],
-            self.count[k] as f64,
-            Some(self.max[k] as f64),
-            Some(self.min[k] as f64),
-            size,
-        )
-    }
-
     /// Merges every kind of `other` into this one, compressing each to
     /// `size` (a slice into its pane).
     fn merge_from(&mut self, other: &SliceDigests, size: usize) {
@@ -283,17 +260,6 @@ impl SliceDigests {
                 self.store_merged(k, &merged);
             }
         }
-    }
-
-    /// Replaces kind `k` with `d`.
-    fn store(&mut self, k: usize, d: &TDigest) {
-        self.store_parts(
-            k,
-            d.centroids()
-                .iter()
-                .map(|c| [c.mean() as f32, c.weight() as f32]),
-            (d.count(), d.sum(), d.min(), d.max()),
-        );
     }
 
     /// Replaces kind `k` with a merged digest.
@@ -575,9 +541,10 @@ impl SliceRing {
                 if values.is_empty() {
                     continue;
                 }
-                let batch: Vec<f64> = values.iter().map(|v| *v as f64).collect();
-                let merged = digests.to_tdigest(k, size).merge_unsorted(batch);
-                digests.store(k, &merged);
+                let merged = digest::add_values(size, |runs| digests.add_to(runs, k), values);
+                if let Some(merged) = merged {
+                    digests.store_merged(k, &merged);
+                }
             }
         }
         staged.iter_mut().for_each(Vec::clear);
@@ -1128,15 +1095,17 @@ mod tests {
     fn slice_digests_keep_each_kind_apart_and_round_trip() {
         let mut d = SliceDigests::default();
         let values =
-            |base: f64, n: usize| -> Vec<f64> { (0..n).map(|i| base + i as f64).collect() };
+            |base: f32, n: usize| -> Vec<f32> { (0..n).map(|i| base + i as f32).collect() };
+        let add = |d: &mut SliceDigests, k: usize, values: Vec<f32>| {
+            let t = digest::add_values(25, |runs| d.add_to(runs, k), &values).unwrap();
+            d.store_merged(k, &t);
+        };
         // Fill kinds out of order, then grow one in the middle: the others
         // keep their centroids and summaries.
         for (k, base) in [(3, 3000.0), (0, 0.0), (4, 4000.0), (1, 1000.0)] {
-            let t = d.to_tdigest(k, 25).merge_unsorted(values(base, 100));
-            d.store(k, &t);
+            add(&mut d, k, values(base, 100));
         }
-        let t = d.to_tdigest(1, 25).merge_unsorted(values(1100.0, 300));
-        d.store(1, &t);
+        add(&mut d, 1, values(1100.0, 300));
         assert!(d.is_empty(2));
         for (k, lo, hi, n) in [
             (0, 0.0, 99.0, 100),
@@ -1144,7 +1113,7 @@ mod tests {
             (3, 3000.0, 3099.0, 100),
             (4, 4000.0, 4099.0, 100),
         ] {
-            let t = d.to_tdigest(k, 25);
+            let t = digest::gather(25, |runs| d.add_to(runs, k)).unwrap();
             assert_eq!(t.count() as u32, n, "kind {k}");
             assert_eq!((t.min(), t.max()), (Some(lo), Some(hi)), "kind {k}");
             assert!(t.centroids().len() <= 25);
