@@ -96,20 +96,11 @@ fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f
 /// [`crate::signals::wilson_low`]), the others as measured. A channel on
 /// probation relapses only when even this optimistic reading is bad, so a
 /// few unlucky failures among a few dozen attempts do not send a recovered
-/// channel back (SPEC §5a: probation evidence fits the traffic). When the
-/// comprehensive failure rate (`bad_outcome_rate`) voted, the rates whose
-/// failures it counts too are left out: the same few failures read at
-/// several lower bounds add up to a relapse none of them supports (seed
-/// 003's line fails 2 % on a good day; 6 failures in 61 attempts after its
-/// fault ended sent it back twice over, through `error_rate` and
-/// `bad_outcome_rate`).
+/// channel back (SPEC §5a: probation evidence fits the traffic). Each
+/// failure counts once (see [`bounded`]).
 pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
-    let comprehensive = signals.get(SignalKind::BadOutcomeRate).is_some();
     bounded(signals, policy, &|k, m| {
-        if comprehensive && k.within_bad_outcome() {
-            // Not counted: `severity` of NaN is 0.
-            f64::NAN
-        } else if k.is_rate() {
+        if k.is_rate() {
             crate::signals::wilson_low(m.value, m.samples, z)
         } else {
             m.value
@@ -124,8 +115,8 @@ pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// good, so the evidence a pass needs grows with what the channel shows: a
 /// clean channel passes on about 60 attempts, one still failing 10 % does
 /// not pass on a lucky handful (SPEC §5a: a confidence bound on the failure
-/// rate, not a fixed count). Only the one comprehensive rate is bounded:
-/// bounding every overlapping rate would count the same doubt five times.
+/// rate, not a fixed count). Only the one comprehensive rate is bounded,
+/// and the rates whose failures it counts are left out (see [`bounded`]).
 /// A tail quantile measured for a probation is read at its upper rank
 /// ([`crate::signals::Probation`]): a pulse that slowed a handful of the
 /// probation's attempts is not averaged away by the point P99.
@@ -174,13 +165,28 @@ pub fn intermittent(
     latency.p50_ms <= healthy_p99
 }
 
+/// A probation's reading (`optimistic`, `pessimistic`): each signal at
+/// `value_of`. When the comprehensive failure rate (`bad_outcome_rate`)
+/// voted, the rates whose failures it counts too (`error_rate`,
+/// `recent_failure_rate`, the bad-answer kinds) are left out: the same few
+/// failures read several times add up to a verdict none of them supports.
+/// Seed 003's line fails 2 % on a good day; 6 failures in 61 attempts after
+/// its fault ended sent it back twice over, through `error_rate` and
+/// `bad_outcome_rate`. The other way, one error among 51 attempts of a
+/// probation read at 2 % by `error_rate` and again inside the failure
+/// rate's upper bound held `slow-ramp-truncation` seed 303 in probation
+/// for 195 s.
 fn bounded(
     signals: &Signals,
     policy: &SignalPolicies,
     value_of: &dyn Fn(SignalKind, &crate::signals::Measurement) -> f64,
 ) -> f64 {
+    let comprehensive = signals.get(SignalKind::BadOutcomeRate).is_some();
     let mut total = 0.0;
     for kind in SignalKind::ALL {
+        if comprehensive && kind.within_bad_outcome() {
+            continue;
+        }
         if let Some(m) = signals.get(kind) {
             let p = kind.policy(policy);
             total += p.weight * severity(value_of(kind, &m), p);
@@ -267,6 +273,28 @@ mod tests {
         s.values[SignalKind::RecentFailureRate as usize] = None;
         assert_eq!(once, optimistic(&s, &p, 1.0));
         assert!(once < 0.45, "{once}: one rate's lower bound is no relapse");
+    }
+
+    #[test]
+    fn the_pass_reading_counts_the_same_failures_once() {
+        let p = SignalPolicies::default();
+        // `slow-ramp-truncation` seed 303, 60 s into a probation after its
+        // fault ended: 2 bad of 51 attempts, one of them an error. The
+        // failure rate's upper bound is the doubt about those failures;
+        // the error rate's point value read the same error again and held
+        // the probation (0.54 + 0.12 against a 0.4 pass line).
+        let mut s = Signals::default();
+        s.values[SignalKind::ErrorRate as usize] = Some(Measurement::of(1.0 / 51.0, 51));
+        s.values[SignalKind::RecentFailureRate as usize] = Some(Measurement::of(0.02, 51));
+        assert!(
+            pessimistic(&s, &p, 1.645) > 0.0,
+            "alone, the error rate counts"
+        );
+        s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement::of(2.0 / 51.0, 51));
+        let once = pessimistic(&s, &p, 1.645);
+        s.values[SignalKind::ErrorRate as usize] = None;
+        s.values[SignalKind::RecentFailureRate as usize] = None;
+        assert_eq!(once, pessimistic(&s, &p, 1.645));
     }
 
     #[test]
