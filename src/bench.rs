@@ -21,6 +21,7 @@ use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use crate::service::partition::{Partition, Position};
+use crate::sim::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -118,18 +119,6 @@ pub fn config_text(channels: usize, base: Option<&str>) -> anyhow::Result<String
     Ok(text)
 }
 
-/// xorshift64: the same traffic for the same seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Picks the channel of each event.
 struct Channels {
     ids: Vec<(String, String)>,
@@ -188,7 +177,7 @@ impl Traffic {
     fn new(opts: &BenchOptions) -> Traffic {
         Traffic {
             channels: Channels::new(opts.channels, opts.mix),
-            rng: Rng(opts.seed | 1),
+            rng: Rng::new(opts.seed),
             per_second: ((opts.channels as f64 * opts.rate).round() as usize).max(1),
             next_id: 0,
         }
@@ -204,7 +193,7 @@ impl Traffic {
         for _ in 0..n {
             out.ids.push(format!("e{}", self.next_id));
             self.next_id += 1;
-            out.draws.push(self.rng.next());
+            out.draws.push(self.rng.next_u64());
         }
         out
     }

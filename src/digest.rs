@@ -229,7 +229,7 @@ impl Runs {
         }
         self.sort();
         let centroids = if self.items.len() > max_size {
-            compress(&self.items, max_size, self.count)
+            compress(self.items.iter().copied(), max_size, max_size, self.count)
         } else {
             self.items.clone()
         };
@@ -294,7 +294,7 @@ impl Runs {
         }
         self.sort();
         if self.items.len() > max_size {
-            self.items = compress(&self.items, max_size, self.count);
+            self.items = compress(self.items.iter().copied(), max_size, max_size, self.count);
         }
         self.values.clear();
         self.values.extend(values.iter().map(|&v| v as f64));
@@ -310,7 +310,7 @@ impl Runs {
         // ascending stream (a centroid first only when strictly less).
         let (centroids, values) = (&self.items, &self.values);
         let (mut i, mut j) = (0, 0);
-        let mut next = || {
+        let next = || {
             if i < centroids.len() && (j == values.len() || centroids[i].mean < values[j]) {
                 i += 1;
                 Some(centroids[i - 1])
@@ -324,30 +324,8 @@ impl Runs {
                 None
             }
         };
-        let mut compressed = Vec::with_capacity(max_size.min(centroids.len() + values.len()));
-        let mut k_limit = 1.0;
-        let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
-        k_limit += 1.0;
-        let mut curr = next().expect("values are not empty");
-        let mut weight_so_far = curr.weight;
-        while let Some(c) = next() {
-            weight_so_far += c.weight;
-            if weight_so_far <= q_limit_times_count {
-                curr.merge(c.mean, c.weight);
-            } else {
-                compressed.push(curr);
-                q_limit_times_count = weight_limit(k_limit, max_size, count);
-                k_limit += 1.0;
-                curr = c;
-            }
-        }
-        compressed.push(curr);
-        if !compressed
-            .windows(2)
-            .all(|w| w[0].cmp(&w[1]) != Ordering::Greater)
-        {
-            compressed.sort_unstable_by(Centroid::cmp);
-        }
+        let capacity = max_size.min(centroids.len() + values.len());
+        let compressed = compress(std::iter::from_fn(next), capacity, max_size, count);
         Some(MergedDigest {
             centroids: compressed,
             count,
@@ -382,15 +360,23 @@ fn merge_into(a: &[Centroid], b: &[Centroid], out: &mut [Centroid]) {
     }
 }
 
-/// `tdigest::TDigest::merge_digests`' compression of ordered centroids.
-fn compress(sorted: &[Centroid], max_size: usize, count: f64) -> Vec<Centroid> {
-    let mut compressed = Vec::with_capacity(max_size.min(sorted.len()));
+/// `tdigest`'s compression (`merge_digests`, `compress_sorted`) of a
+/// stream of centroids in ascending order, `count` values in all.
+fn compress(
+    mut sorted: impl Iterator<Item = Centroid>,
+    capacity: usize,
+    max_size: usize,
+    count: f64,
+) -> Vec<Centroid> {
+    let mut compressed = Vec::with_capacity(capacity);
     let mut k_limit = 1.0;
     let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
     k_limit += 1.0;
-    let mut curr = sorted[0];
+    let Some(mut curr) = sorted.next() else {
+        return compressed;
+    };
     let mut weight_so_far = curr.weight;
-    for centroid in &sorted[1..] {
+    for centroid in sorted {
         weight_so_far += centroid.weight;
         if weight_so_far <= q_limit_times_count {
             curr.merge(centroid.mean, centroid.weight);
@@ -398,7 +384,7 @@ fn compress(sorted: &[Centroid], max_size: usize, count: f64) -> Vec<Centroid> {
             compressed.push(curr);
             q_limit_times_count = weight_limit(k_limit, max_size, count);
             k_limit += 1.0;
-            curr = *centroid;
+            curr = centroid;
         }
     }
     compressed.push(curr);
@@ -495,6 +481,24 @@ mod tests {
         )
     }
 
+    /// `got` is `expected`, bit for bit: centroids and summary.
+    fn same(got: &MergedDigest, expected: &TDigest, case: usize) {
+        let want: Vec<(u64, u64)> = expected
+            .centroids()
+            .iter()
+            .map(|c| (c.mean().to_bits(), c.weight().to_bits()))
+            .collect();
+        let have: Vec<(u64, u64)> = got
+            .centroids()
+            .iter()
+            .map(|c| (c.mean.to_bits(), c.weight.to_bits()))
+            .collect();
+        assert_eq!(have, want, "case {case}: centroids");
+        assert_eq!(got.count(), expected.count(), "case {case}");
+        assert_eq!(got.sum().to_bits(), expected.sum().to_bits(), "case {case}");
+        assert_eq!((got.min(), got.max()), (expected.min(), expected.max()));
+    }
+
     #[test]
     fn same_digest_as_the_crate() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -537,20 +541,7 @@ mod tests {
                 }
             })
             .unwrap();
-            let want: Vec<(u64, u64)> = expected
-                .centroids()
-                .iter()
-                .map(|c| (c.mean().to_bits(), c.weight().to_bits()))
-                .collect();
-            let have: Vec<(u64, u64)> = got
-                .centroids()
-                .iter()
-                .map(|c| (c.mean.to_bits(), c.weight.to_bits()))
-                .collect();
-            assert_eq!(have, want, "case {case}: centroids");
-            assert_eq!(got.count(), expected.count(), "case {case}");
-            assert_eq!(got.sum().to_bits(), expected.sum().to_bits(), "case {case}");
-            assert_eq!((got.min(), got.max()), (expected.min(), expected.max()));
+            same(&got, &expected, case);
             for q in [0.0, 0.01, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
                 let (a, b) = (got.estimate_quantile(q), expected.estimate_quantile(q));
                 assert_eq!(
@@ -608,20 +599,7 @@ mod tests {
                 assert!(expected.is_empty(), "case {case}");
                 continue;
             };
-            let want: Vec<(u64, u64)> = expected
-                .centroids()
-                .iter()
-                .map(|c| (c.mean().to_bits(), c.weight().to_bits()))
-                .collect();
-            let have: Vec<(u64, u64)> = got
-                .centroids()
-                .iter()
-                .map(|c| (c.mean.to_bits(), c.weight.to_bits()))
-                .collect();
-            assert_eq!(have, want, "case {case}: centroids");
-            assert_eq!(got.count(), expected.count(), "case {case}");
-            assert_eq!(got.sum().to_bits(), expected.sum().to_bits(), "case {case}");
-            assert_eq!((got.min(), got.max()), (expected.min(), expected.max()));
+            same(&got, &expected, case);
         }
     }
 

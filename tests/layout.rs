@@ -15,6 +15,7 @@ const CORE: &[&str] = &[
     "composition",
     "config",
     "dedup",
+    "digest",
     "engine",
     "event",
     "health",
