@@ -264,35 +264,23 @@ impl SliceDigests {
 
     /// Replaces kind `k` with a merged digest.
     fn store_merged(&mut self, k: usize, d: &MergedDigest) {
-        self.store_parts(
-            k,
+        let range = self.range(k);
+        let old = range.len();
+        let new = d.centroids().len();
+        self.centroids.splice(
+            range,
             d.centroids()
                 .iter()
                 .map(|c| [c.mean as f32, c.weight as f32]),
-            (d.count(), d.sum(), d.min(), d.max()),
         );
-    }
-
-    /// Replaces kind `k` with `centroids` and a summary (count, sum, min,
-    /// max).
-    fn store_parts(
-        &mut self,
-        k: usize,
-        centroids: impl ExactSizeIterator<Item = [f32; 2]>,
-        (count, sum, min, max): (f64, f64, Option<f64>, Option<f64>),
-    ) {
-        let range = self.range(k);
-        let old = range.len();
-        let new = centroids.len();
-        self.centroids.splice(range, centroids);
         for end in &mut self.ends[k..] {
             *end = (*end as usize + new - old) as u16;
         }
         self.centroids.shrink_to_fit();
-        self.count[k] = count as u32;
-        self.sum[k] = sum;
-        self.min[k] = min.unwrap_or(0.0) as f32;
-        self.max[k] = max.unwrap_or(0.0) as f32;
+        self.count[k] = d.count() as u32;
+        self.sum[k] = d.sum();
+        self.min[k] = d.min().unwrap_or(0.0) as f32;
+        self.max[k] = d.max().unwrap_or(0.0) as f32;
     }
 }
 
