@@ -165,8 +165,8 @@ pub fn intermittent(
     latency.p50_ms <= healthy_p99
 }
 
-/// A probation's reading (`optimistic`, `pessimistic`): each signal at
-/// `value_of`. When the comprehensive failure rate (`bad_outcome_rate`)
+/// A bounded reading (`optimistic` for a relapse, `pessimistic` for a
+/// probation's pass and AT_RISK's exit): each signal at `value_of`. When the comprehensive failure rate (`bad_outcome_rate`)
 /// voted, the rates whose failures it counts too (`error_rate`,
 /// `recent_failure_rate`, the bad-answer kinds) are left out: the same few
 /// failures read several times add up to a verdict none of them supports.
