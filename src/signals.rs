@@ -592,10 +592,10 @@ impl LatencySummary {
     /// The P99 latency measurement and the digest behind it.
     fn of(p99: Measurement, d: &crate::digest::MergedDigest) -> LatencySummary {
         LatencySummary {
-            p50_ms: d.estimate_quantile(0.5).unwrap_or(0.0),
-            p95_ms: d.estimate_quantile(0.95).unwrap_or(0.0),
+            p50_ms: d.estimate_quantile(0.5),
+            p95_ms: d.estimate_quantile(0.95),
             p99_ms: p99.value,
-            max_ms: d.max().unwrap_or(0.0),
+            max_ms: d.max(),
             samples: p99.samples,
         }
     }
@@ -756,19 +756,18 @@ impl Pass<'_> {
                 q
             };
             let samples = d.count() as u32;
-            let high = self.probation.and_then(|p| {
+            let high = self.probation.map(|p| {
                 let n = d.count().max(1.0);
                 let spread = p.confidence_z * (q * (1.0 - q) / n).sqrt();
                 d.estimate_quantile((q + spread).min(1.0))
             });
-            return d.estimate_quantile(q).map(|value| {
-                let m = Measurement {
-                    value,
-                    samples,
-                    high: high.map(|h| h.max(value)),
-                };
-                (m, d)
-            });
+            let value = d.estimate_quantile(q);
+            let m = Measurement {
+                value,
+                samples,
+                high: high.map(|h| h.max(value)),
+            };
+            return Some((m, d));
         }
         None
     }

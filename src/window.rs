@@ -279,8 +279,8 @@ impl SliceDigests {
         self.centroids.shrink_to_fit();
         self.count[k] = d.count() as u32;
         self.sum[k] = d.sum();
-        self.min[k] = d.min().unwrap_or(0.0) as f32;
-        self.max[k] = d.max().unwrap_or(0.0) as f32;
+        self.min[k] = d.min() as f32;
+        self.max[k] = d.max() as f32;
     }
 }
 
@@ -944,8 +944,8 @@ mod tests {
         let d = ring
             .digest(Digest::Latency, now, 60_000, i64::MIN / 2)
             .unwrap();
-        let p50 = d.estimate_quantile(0.5).unwrap();
-        let p99 = d.estimate_quantile(0.99).unwrap();
+        let p50 = d.estimate_quantile(0.5);
+        let p99 = d.estimate_quantile(0.99);
         assert!((p50 - 500.0).abs() < 30.0, "p50 {p50}");
         assert!((p99 - 985.0).abs() < 30.0, "p99 {p99}");
         assert!(ring
@@ -1008,7 +1008,7 @@ mod tests {
         exact.sort_unstable();
         for q in [0.5, 0.95, 0.99] {
             let want = exact[((exact.len() as f64 * q) as usize).min(exact.len() - 1)] as f64;
-            let got = d.estimate_quantile(q).unwrap();
+            let got = d.estimate_quantile(q);
             assert!((got - want).abs() <= 15.0, "q {q}: {got} vs {want}");
         }
     }
@@ -1040,7 +1040,7 @@ mod tests {
                 let d = ring
                     .digest(Digest::Latency, t, c.long_window_ms, since)
                     .unwrap();
-                assert_eq!(d.max(), Some(100.0), "at {}", t - since);
+                assert_eq!(d.max(), 100.0, "at {}", t - since);
                 assert_eq!(d.count() as u32, counted, "at {}", t - since);
                 checked += 1;
             }
@@ -1072,11 +1072,11 @@ mod tests {
             .digest(Digest::Latency, now, c.long_window_ms, i64::MIN / 2)
             .unwrap();
         assert_eq!(after.count(), before.count() + 1.0);
-        assert_eq!(after.max(), Some(9_000.0));
+        assert_eq!(after.max(), 9_000.0);
         let short = ring
             .digest(Digest::Latency, now, c.short_window_ms, i64::MIN / 2)
             .unwrap();
-        assert_eq!(short.max(), Some(100.0));
+        assert_eq!(short.max(), 100.0);
     }
 
     #[test]
@@ -1103,9 +1103,9 @@ mod tests {
         ] {
             let t = digest::gather(25, |runs| d.add_to(runs, k)).unwrap();
             assert_eq!(t.count() as u32, n, "kind {k}");
-            assert_eq!((t.min(), t.max()), (Some(lo), Some(hi)), "kind {k}");
+            assert_eq!((t.min(), t.max()), (lo, hi), "kind {k}");
             assert!(t.centroids().len() <= 25);
-            let median = t.estimate_quantile(0.5).unwrap();
+            let median = t.estimate_quantile(0.5);
             assert!((median - (lo + hi) / 2.0).abs() < 3.0, "kind {k}: {median}");
         }
         assert_eq!(d.ends[4] as usize, d.centroids.len());
