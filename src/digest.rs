@@ -19,6 +19,10 @@
 //!   whole view to `sort_unstable_by`. Centroids are ordered by mean, then
 //!   weight, both with `total_cmp`, so two that compare equal are equal bit
 //!   for bit and every correct sort gives the same sequence;
+//! - a window keeps its centroids as `f32` pairs, so each is gathered as one
+//!   `u64` sort key (mean's bits above weight's, mapped so that unsigned
+//!   order is `total_cmp`'s): merging compares integers without a branch on
+//!   which run is next, and moves 8 bytes a centroid instead of 16;
 //! - the gathered centroids live in per-thread buffers reused across calls.
 
 use std::cell::RefCell;
@@ -188,12 +192,19 @@ impl MergedDigest {
 
 /// Runs of centroids being gathered for one merged digest, with their
 /// summaries. Get one from [`gather`].
+///
+/// Centroids are kept as sort keys ([`key`]): a window stores its
+/// centroids as `f32` pairs, and one `u64` per centroid orders them exactly
+/// as [`Centroid::cmp`] orders the widened pair, so merging runs compares
+/// integers and moves half the bytes.
 #[derive(Default)]
 pub struct Runs {
-    items: Vec<Centroid>,
+    items: Vec<u64>,
     /// Where each run starts in `items`.
     starts: Vec<usize>,
-    spare: Vec<Centroid>,
+    spare: Vec<u64>,
+    /// The ordered keys decoded, when they are few enough to be the digest.
+    decoded: Vec<Centroid>,
     /// Values being added to one digest (`add_values`).
     values: Vec<f64>,
     sum: f64,
@@ -203,18 +214,11 @@ pub struct Runs {
 }
 
 impl Runs {
-    /// Adds the centroids of one digest of `count` values (in ascending
-    /// order, as a digest keeps them) and its summary.
-    pub fn add(
-        &mut self,
-        centroids: impl Iterator<Item = Centroid>,
-        count: f64,
-        sum: f64,
-        min: f64,
-        max: f64,
-    ) {
+    /// Adds the centroids (`[mean, weight]`) of one digest of `count`
+    /// values (in ascending order, as a digest keeps them) and its summary.
+    pub fn add(&mut self, centroids: &[[f32; 2]], count: f64, sum: f64, min: f64, max: f64) {
         self.starts.push(self.items.len());
-        self.items.extend(centroids);
+        self.items.extend(centroids.iter().map(|c| key(c[0], c[1])));
         self.sum += sum;
         self.count += count;
         self.min = Some(self.min.map_or(min, |m| m.min(min)));
@@ -231,9 +235,14 @@ impl Runs {
         }
         self.sort();
         let centroids = if self.items.len() > max_size {
-            compress(self.items.iter().copied(), max_size, max_size, self.count)
+            compress(
+                self.items.iter().map(|&k| centroid(k)),
+                max_size,
+                max_size,
+                self.count,
+            )
         } else {
-            self.items.clone()
+            self.items.iter().map(|&k| centroid(k)).collect()
         };
         Some(MergedDigest {
             centroids,
@@ -247,24 +256,19 @@ impl Runs {
     /// Puts `items` in order: merges the runs pairwise, or sorts them all
     /// when a run is out of order.
     fn sort(&mut self) {
-        let ordered = |s: &[Centroid]| s.windows(2).all(|w| w[0].cmp(&w[1]) != Ordering::Greater);
         let n = self.items.len();
         let runs_in_order = (0..self.starts.len()).all(|r| {
             let end = self.starts.get(r + 1).copied().unwrap_or(n);
-            ordered(&self.items[self.starts[r]..end])
+            self.items[self.starts[r]..end]
+                .windows(2)
+                .all(|w| w[0] <= w[1])
         });
         if !runs_in_order {
-            self.items.sort_unstable_by(Centroid::cmp);
+            self.items.sort_unstable();
             return;
         }
         self.spare.clear();
-        self.spare.resize(
-            n,
-            Centroid {
-                mean: 0.0,
-                weight: 0.0,
-            },
-        );
+        self.spare.resize(n, 0);
         while self.starts.len() > 1 {
             let mut next = 0;
             let mut r = 0;
@@ -295,8 +299,16 @@ impl Runs {
             return self.finish(max_size);
         }
         self.sort();
+        self.decoded.clear();
         if self.items.len() > max_size {
-            self.items = compress(self.items.iter().copied(), max_size, max_size, self.count);
+            self.decoded = compress(
+                self.items.iter().map(|&k| centroid(k)),
+                max_size,
+                max_size,
+                self.count,
+            );
+        } else {
+            self.decoded.extend(self.items.iter().map(|&k| centroid(k)));
         }
         self.values.clear();
         self.values.extend(values.iter().map(|&v| v as f64));
@@ -310,7 +322,7 @@ impl Runs {
         let sum = self.sum + self.values.iter().sum::<f64>();
         // `TDigest::compress_sorted`: the centroids and the values in one
         // ascending stream (a centroid first only when strictly less).
-        let (centroids, values) = (&self.items, &self.values);
+        let (centroids, values) = (&self.decoded, &self.values);
         let (mut i, mut j) = (0, 0);
         let next = || {
             if i < centroids.len() && (j == values.len() || centroids[i].mean < values[j]) {
@@ -347,19 +359,58 @@ impl Runs {
     }
 }
 
-/// Merges two ordered runs into `out` (`a.len() + b.len()` long).
-fn merge_into(a: &[Centroid], b: &[Centroid], out: &mut [Centroid]) {
-    let (mut i, mut j) = (0, 0);
-    for slot in out.iter_mut() {
-        let take_a = j == b.len() || (i < a.len() && a[i].cmp(&b[j]) != Ordering::Greater);
-        if take_a {
-            *slot = a[i];
-            i += 1;
-        } else {
-            *slot = b[j];
-            j += 1;
-        }
+/// Merges two ordered runs of keys into `out` (`a.len() + b.len()` long),
+/// without a branch on which run is next.
+fn merge_into(a: &[u64], b: &[u64], out: &mut [u64]) {
+    debug_assert_eq!(a.len() + b.len(), out.len());
+    let (mut i, mut j, mut o) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        let take_a = x <= y;
+        out[o] = if take_a { x } else { y };
+        i += take_a as usize;
+        j += (!take_a) as usize;
+        o += 1;
     }
+    out[o..o + a.len() - i].copy_from_slice(&a[i..]);
+    o += a.len() - i;
+    out[o..].copy_from_slice(&b[j..]);
+}
+
+/// The sort key of a centroid kept as `f32`s: the mean's bits above the
+/// weight's, each mapped so that unsigned order is `f32::total_cmp`'s.
+/// Widening to `f64` keeps every value and its order, so keys order
+/// centroids as [`Centroid::cmp`] orders them widened; equal keys are the
+/// same centroid.
+fn key(mean: f32, weight: f32) -> u64 {
+    ((ordered_bits(mean) as u64) << 32) | ordered_bits(weight) as u64
+}
+
+/// The centroid a [`key`] stands for, widened to `f64`.
+fn centroid(key: u64) -> Centroid {
+    Centroid {
+        mean: from_ordered_bits((key >> 32) as u32) as f64,
+        weight: from_ordered_bits(key as u32) as f64,
+    }
+}
+
+/// `f32` bits whose unsigned order is `f32::total_cmp`'s: negatives
+/// flipped whole, positives with the sign bit set.
+fn ordered_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+fn from_ordered_bits(u: u32) -> f32 {
+    f32::from_bits(if u & 0x8000_0000 != 0 {
+        u & 0x7fff_ffff
+    } else {
+        !u
+    })
 }
 
 /// `tdigest`'s compression (`merge_digests`, `compress_sorted`) of a
@@ -534,10 +585,7 @@ mod tests {
             let got = gather(max_size, |runs| {
                 for (cs, n, s, mn, mx) in &slices {
                     runs.add(
-                        cs.iter().map(|c| Centroid {
-                            mean: c.0 as f64,
-                            weight: c.1 as f64,
-                        }),
+                        &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
                         *n,
                         *s,
                         *mn as f64,
@@ -583,10 +631,7 @@ mod tests {
                 |runs| {
                     if let Some((cs, n, s, mn, mx)) = &existing {
                         runs.add(
-                            cs.iter().map(|c| Centroid {
-                                mean: c.0 as f64,
-                                weight: c.1 as f64,
-                            }),
+                            &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
                             *n,
                             *s,
                             *mn as f64,
@@ -609,24 +654,8 @@ mod tests {
         // Two means that narrowed to one f32 keep their f64 order by mean,
         // not by weight: the run (1.0, 5), (1.0, 3) is out of order.
         let got = gather(100, |runs| {
-            runs.add(
-                [(1.0, 5.0), (1.0, 3.0), (2.0, 1.0)]
-                    .into_iter()
-                    .map(|(mean, weight)| Centroid { mean, weight }),
-                9.0,
-                11.0,
-                1.0,
-                2.0,
-            );
-            runs.add(
-                [(0.5, 1.0), (1.0, 4.0)]
-                    .into_iter()
-                    .map(|(mean, weight)| Centroid { mean, weight }),
-                5.0,
-                4.5,
-                0.5,
-                1.0,
-            );
+            runs.add(&[[1.0, 5.0], [1.0, 3.0], [2.0, 1.0]], 9.0, 11.0, 1.0, 2.0);
+            runs.add(&[[0.5, 1.0], [1.0, 4.0]], 5.0, 4.5, 0.5, 1.0);
         })
         .unwrap();
         let order: Vec<(f64, f64)> = got.centroids().iter().map(|c| (c.mean, c.weight)).collect();

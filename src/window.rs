@@ -40,7 +40,7 @@
 //! really holds, duplicate detection included. The outcome window is
 //! `outcome_window` bytes, the baseline 16 B per point.
 
-use crate::digest::{self, Centroid, MergedDigest, Runs};
+use crate::digest::{self, MergedDigest, Runs};
 use crate::event::{ErrorClass, RequestEvent};
 
 /// Staging buffer kinds (see `SliceRing::staged`) and their capacity.
@@ -234,10 +234,7 @@ impl SliceDigests {
             return;
         }
         runs.add(
-            self.centroids[self.range(k)].iter().map(|c| Centroid {
-                mean: c[0] as f64,
-                weight: c[1] as f64,
-            }),
+            &self.centroids[self.range(k)],
             self.count[k] as f64,
             self.sum[k],
             self.min[k] as f64,
