@@ -20,7 +20,7 @@
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::service::partition::{Partition, Position};
+use crate::service::partition::{Lookahead, Partition, Position};
 use crate::sim::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -294,6 +294,21 @@ fn step(part: &mut Partition, ev: &RequestEvent<'_>, offset: i64, skew: i64) {
     let _ = part.outputs("bench", || wall);
 }
 
+/// A batch of records through the partition in order, hinting the memory
+/// of the records ahead as the request loop does.
+fn apply_batch(part: &mut Partition, batch: &[RequestEvent<'_>], offset: &mut i64, skew: i64) {
+    for (i, ev) in batch.iter().enumerate() {
+        Lookahead::ahead(
+            i,
+            batch.len(),
+            |j| part.prefetch_entry(&batch[j]),
+            |j| part.prefetch_windows(&batch[j]),
+        );
+        step(part, ev, *offset, skew);
+        *offset += 1;
+    }
+}
+
 /// Runs one benchmark.
 pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     anyhow::ensure!(opts.channels > 0, "--channels must be at least 1");
@@ -335,9 +350,9 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let mut offset = 0i64;
     for s in 0..warmup {
         let sec = traffic.second(s);
-        for i in 0..per_second {
-            step(&mut part, &traffic.event(&sec, i), offset, skew);
-            offset += 1;
+        let events: Vec<RequestEvent> = (0..per_second).map(|i| traffic.event(&sec, i)).collect();
+        for batch in events.chunks(PAUSE_BATCH) {
+            apply_batch(&mut part, batch, &mut offset, skew);
         }
     }
     let decoder = Decoder::new(WireFormat::Plain);
@@ -361,15 +376,18 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         decode_time += started.elapsed();
         anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
         let records: Vec<&[u8]> = encoded.records().collect();
+        let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
         for batch in records.chunks(PAUSE_BATCH) {
             let started = Instant::now();
-            for rec in batch {
-                let Ok(ev) = decoder.decode(rec, &NoRegistry) else {
-                    continue;
-                };
-                step(&mut part, &ev, offset, skew);
-                offset += 1;
-            }
+            // As the request loop does: decode what was polled, then apply
+            // it in order, hinting the memory of the records ahead.
+            events_of_batch.clear();
+            events_of_batch.extend(
+                batch
+                    .iter()
+                    .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
+            );
+            apply_batch(&mut part, &events_of_batch, &mut offset, skew);
             let took = started.elapsed();
             apply_time += took;
             max_pause = max_pause.max(took);

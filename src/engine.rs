@@ -313,6 +313,35 @@ impl Engine {
         self.by_id.get(id).copied()
     }
 
+    /// Hints the parts of `ev`'s channel entry that applying it reads (see
+    /// [`crate::prefetch`]); the first of two steps, well ahead.
+    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>) {
+        use crate::prefetch::value;
+        let Some(&idx) = self.by_id.get(ev.channel_id) else {
+            return;
+        };
+        let ch = &self.channels[idx as usize];
+        value(&ch.ring);
+        value(&ch.outcomes);
+        value(&ch.streak);
+        value(&ch.cfg.group);
+        value(&ch.last_event_ms);
+        value(&ch.frozen_until_ms);
+    }
+
+    /// Hints what applying `ev` reads through its channel's entry: its
+    /// slice, staging buffers, outcome window and group name. The second
+    /// step, once [`Engine::prefetch_entry`] had time to load the entry.
+    pub fn prefetch_windows(&self, ev: &RequestEvent<'_>) {
+        let Some(&idx) = self.by_id.get(ev.channel_id) else {
+            return;
+        };
+        let ch = &self.channels[idx as usize];
+        ch.ring.prefetch(ev.event_time_ms);
+        ch.outcomes.prefetch();
+        crate::prefetch::lines(ch.cfg.group.as_ptr(), ch.cfg.group.len());
+    }
+
     /// Warm once a short window of event time has been seen: before that the
     /// engine's view is too thin to publish (fail static, never "all healthy"
     /// from nothing).

@@ -41,6 +41,8 @@
 //! - `sim`: the closed-loop fault simulator and drill report; it drives the
 //!   same engine the service runs.
 //! - `dedup`: duplicate event ids within an event-time horizon.
+//! - `prefetch`: cache hints for the records a batch holds ahead of the one
+//!   being applied (changes speed only).
 //!
 //! The **shell** translates between the world and engine calls:
 //! - `publish`: the weight snapshot format and fencing rule
@@ -75,6 +77,7 @@ pub mod digest;
 pub mod engine;
 pub mod event;
 pub mod health;
+pub mod prefetch;
 pub mod publish;
 pub mod redis_keys;
 pub mod replay;

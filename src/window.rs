@@ -493,6 +493,23 @@ impl SliceRing {
         true
     }
 
+    /// Hints what [`SliceRing::record`] touches for an event at `t` that
+    /// lands in the slice the last event landed in (nearly every event at
+    /// steady state): the slice's counters and where each staging buffer
+    /// takes its next value (see [`crate::prefetch`]). It reads the ring's
+    /// own fields: hint those first ([`crate::prefetch::value`]).
+    pub fn prefetch(&self, t: i64) {
+        if self.slices.is_empty() || t < self.last.1 || t - self.last.1 >= self.slice_ms {
+            return;
+        }
+        let slot = self.last.2;
+        crate::prefetch::value(&self.slices[slot]);
+        crate::prefetch::value(&self.indices[slot]);
+        for v in &self.staged {
+            crate::prefetch::lines(v.as_ptr().wrapping_add(v.len()), 4);
+        }
+    }
+
     /// Stages the event's latency (and TTFB and output size) for its
     /// slice's digests.
     #[inline]
@@ -768,6 +785,13 @@ impl OutcomeWindow {
             next: 0,
             len: 0,
             failures: 0,
+        }
+    }
+
+    /// Hints the entry [`OutcomeWindow::record`] writes next.
+    pub fn prefetch(&self) {
+        if let Some(o) = self.outcomes.get(self.next) {
+            crate::prefetch::value(o);
         }
     }
 

@@ -19,6 +19,7 @@ const CORE: &[&str] = &[
     "engine",
     "event",
     "health",
+    "prefetch",
     "publish",
     "redis_keys",
     "replay",

@@ -73,6 +73,36 @@ pub struct Outputs {
     pub reports: Vec<HealthReport>,
 }
 
+/// How far ahead of the record being applied a loop over a batch of
+/// decoded records hints memory (see [`crate::prefetch`]): the entry first,
+/// the windows it points to once the entry had time to arrive.
+pub struct Lookahead;
+
+impl Lookahead {
+    pub const ENTRY: usize = 8;
+    pub const WINDOWS: usize = 4;
+
+    /// Calls `entry` and `windows` with the records of `batch` (of `len`)
+    /// that are that far ahead of record `i`, the one about to be applied.
+    /// At `i == 0` the entries of the first records are hinted too.
+    pub fn ahead(
+        i: usize,
+        len: usize,
+        mut entry: impl FnMut(usize),
+        mut windows: impl FnMut(usize),
+    ) {
+        if i == 0 {
+            (0..Self::ENTRY.min(len)).for_each(&mut entry);
+        }
+        if i + Self::ENTRY < len {
+            entry(i + Self::ENTRY);
+        }
+        if i + Self::WINDOWS < len {
+            windows(i + Self::WINDOWS);
+        }
+    }
+}
+
 pub struct Partition {
     pub id: i32,
     engine: Engine,
@@ -278,6 +308,20 @@ impl Partition {
             Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
             Err(e) => Err(refused(e)),
         }
+    }
+
+    /// Hints the memory [`Partition::apply`] reads first for `ev`: its
+    /// duplicate-table slot and its channel's entry. A loop over a batch
+    /// calls this [`Lookahead::ENTRY`] records ahead of the one it applies.
+    pub fn prefetch_entry(&self, ev: &RequestEvent) {
+        self.dedup.prefetch(ev.event_id);
+        self.engine.prefetch_entry(ev);
+    }
+
+    /// Hints what applying `ev` reads through its channel's entry; called
+    /// [`Lookahead::WINDOWS`] records ahead.
+    pub fn prefetch_windows(&self, ev: &RequestEvent) {
+        self.engine.prefetch_windows(ev);
     }
 
     /// The record at `offset` was handled (whatever became of it).

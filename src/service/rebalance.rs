@@ -62,6 +62,24 @@ pub(super) struct Shared {
     pub(super) events: Vec<RebalanceEvent>,
 }
 
+impl Shared {
+    /// Whether a pending revocation names partition `p` (or all): records
+    /// of it that were polled but not handled before it are no longer this
+    /// instance's. Their offsets were not stored, so the revocation's
+    /// commit left them to the next owner.
+    pub(super) fn revokes(&self, p: i32) -> bool {
+        self.events.iter().any(|e| match e {
+            RebalanceEvent::Revoked(None) => true,
+            RebalanceEvent::Revoked(Some(list)) => list.contains(&p),
+            RebalanceEvent::Assigned { .. } => false,
+        })
+    }
+
+    pub(super) fn rebalance_pending(&self) -> bool {
+        !self.events.is_empty()
+    }
+}
+
 /// Prepares offsets on assignment (replay start) and commits on revocation.
 pub(super) struct RequestContext {
     /// `kafka.brokers`, for readiness reports.
@@ -400,6 +418,31 @@ mod tests {
             replay_from: by_time.map(Offset::Offset),
             high: Some(500),
         }
+    }
+
+    #[test]
+    fn records_polled_before_a_revocation_are_left_only_for_the_partitions_it_names() {
+        let mut shared = Shared::default();
+        assert!(!shared.rebalance_pending() && !shared.revokes(1));
+        shared.events.push(RebalanceEvent::Assigned {
+            list: Vec::new(),
+            incremental: true,
+        });
+        assert!(shared.rebalance_pending());
+        assert!(!shared.revokes(1), "an assignment takes nothing away");
+        shared
+            .events
+            .push(RebalanceEvent::Revoked(Some(vec![2, 5])));
+        assert!(shared.revokes(2) && shared.revokes(5));
+        assert!(
+            !shared.revokes(1),
+            "a cooperative revocation names its partitions"
+        );
+        shared.events.push(RebalanceEvent::Revoked(None));
+        assert!(
+            shared.revokes(1),
+            "an eager revocation takes every partition"
+        );
     }
 
     #[test]

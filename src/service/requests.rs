@@ -30,7 +30,7 @@ use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{Dependency, Metrics};
 use super::overrides::Overrides;
-use super::partition::{Applied, Outputs, Partition, Position, Refused};
+use super::partition::{Applied, Lookahead, Outputs, Partition, Position, Refused};
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore};
@@ -48,6 +48,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Records the loop takes from librdkafka's queue at once, when that many
+/// are ready: enough to hint memory a few records ahead of applying them.
+const POLL_BATCH: usize = 64;
 
 /// The request loop: the consumer and everything the loop mutates.
 pub struct RequestLoop {
@@ -309,13 +313,17 @@ impl LoopState {
         let decoder = Decoder::new(WireFormat::Auto);
         let mut next_commit = Instant::now();
         let mut next_housekeeping = Instant::now();
+        let mut batch = Vec::with_capacity(POLL_BATCH);
         while !self.stop.load(Ordering::Relaxed) {
             let polled = consumer.poll(Duration::from_millis(100));
             self.handle_rebalances(consumer);
             // Nothing fetched and queued: every partition is caught up.
             let drained = polled.is_none();
             match polled {
-                Some(Ok(m)) => self.handle_record(consumer, &decoder, &m)?,
+                Some(Ok(m)) => {
+                    batch.push(m);
+                    self.poll_batch(consumer, &decoder, &mut batch)?;
+                }
                 Some(Err(e)) => self.consumer_error(e),
                 None => {}
             }
@@ -626,11 +634,118 @@ impl LoopState {
         Ok(())
     }
 
+    /// Takes whatever else is ready (up to [`POLL_BATCH`] records, without
+    /// waiting) after the record in `batch`, and handles them all in order.
+    /// A rebalance served by one of these polls is applied where it fell:
+    /// the records polled before it are handled first (those of a revoked
+    /// partition are left to its next owner, see `Shared::revokes`), then
+    /// the rebalance, then the records after it.
+    fn poll_batch<'c>(
+        &mut self,
+        consumer: &'c RequestConsumer,
+        decoder: &Decoder,
+        batch: &mut Vec<BorrowedMessage<'c>>,
+    ) -> anyhow::Result<()> {
+        loop {
+            let polled = (batch.len() < POLL_BATCH).then(|| consumer.poll(Duration::ZERO));
+            let rebalanced = lock(&self.shared).rebalance_pending();
+            if rebalanced || !matches!(polled, Some(Some(Ok(_)))) {
+                self.handle_batch(consumer, decoder, batch)?;
+                batch.clear();
+                self.handle_rebalances(consumer);
+            }
+            match polled {
+                Some(Some(Ok(m))) => batch.push(m),
+                Some(Some(Err(e))) => {
+                    self.consumer_error(e);
+                    return Ok(());
+                }
+                Some(None) => return Ok(()),
+                None => {
+                    if batch.is_empty() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles polled records in order. They are decoded first, so that
+    /// the memory each one's partition reads can be hinted a few records
+    /// ahead of applying it (`partition::Lookahead`); what the registry
+    /// must decide is decoded in turn, as before.
+    fn handle_batch(
+        &mut self,
+        consumer: &RequestConsumer,
+        decoder: &Decoder,
+        batch: &[BorrowedMessage<'_>],
+    ) -> anyhow::Result<()> {
+        let revoked: Vec<bool> = {
+            let shared = lock(&self.shared);
+            batch
+                .iter()
+                .map(|m| shared.revokes(m.partition()))
+                .collect()
+        };
+        // Decoded ahead if wanted now; not after a record of the same
+        // partition that must wait for the registry (it pauses there). A
+        // record left undecoded here is decoded in turn if it is wanted
+        // then (a paused partition's record once the one before it ran).
+        let mut waiting: Vec<i32> = Vec::new();
+        let mut decoded: Vec<Option<Decoded<'_>>> = batch
+            .iter()
+            .zip(&revoked)
+            .map(|(m, &revoked)| {
+                let p = m.partition();
+                let wanted = self
+                    .partitions
+                    .get(&p)
+                    .is_some_and(|part| part.wants(m.offset()));
+                if revoked || !wanted || waiting.contains(&p) {
+                    return None;
+                }
+                let d = self.decode(decoder, m.payload().unwrap_or(&[]));
+                if matches!(d, Decoded::Wait(_)) {
+                    waiting.push(p);
+                }
+                Some(d)
+            })
+            .collect();
+        for i in 0..batch.len() {
+            Lookahead::ahead(
+                i,
+                batch.len(),
+                |j| self.prefetch(&batch[j], &decoded[j], Partition::prefetch_entry),
+                |j| self.prefetch(&batch[j], &decoded[j], Partition::prefetch_windows),
+            );
+            if revoked[i] {
+                continue;
+            }
+            let pre = decoded[i].take();
+            self.handle_record(consumer, decoder, &batch[i], pre)?;
+        }
+        Ok(())
+    }
+
+    /// Hints the memory that applying a decoded record reads.
+    fn prefetch(
+        &self,
+        m: &BorrowedMessage<'_>,
+        d: &Option<Decoded<'_>>,
+        hint: fn(&Partition, &RequestEvent),
+    ) {
+        if let (Some(Decoded::Event(ev)), Some(part)) = (d, self.partitions.get(&m.partition())) {
+            hint(part, ev);
+        }
+    }
+
+    /// Handles one record; `pre` is its decoding, if done already.
     fn handle_record(
         &mut self,
         consumer: &RequestConsumer,
         decoder: &Decoder,
         m: &BorrowedMessage<'_>,
+        pre: Option<Decoded<'_>>,
     ) -> anyhow::Result<()> {
         Metrics::inc(&self.metrics.events_consumed);
         let (p, offset) = (m.partition(), m.offset());
@@ -645,7 +760,11 @@ impl LoopState {
         // dead-letter share both use it.
         let wall = crate::wall_clock::now_ms();
         let skew = self.cfg.engine.clock_skew_ms();
-        let verdict = match self.decode(decoder, m.payload().unwrap_or(&[])) {
+        let decoded = match pre {
+            Some(d) => d,
+            None => self.decode(decoder, m.payload().unwrap_or(&[])),
+        };
+        let verdict = match decoded {
             Decoded::Wait(why) => return self.wait_for_registry(consumer, p, offset, &why),
             Decoded::Refused(r) => Err(r),
             Decoded::Event(ev) => {
