@@ -193,9 +193,9 @@ impl MergedDigest {
 /// Runs of centroids being gathered for one merged digest, with their
 /// summaries. Get one from [`gather`].
 ///
-/// Centroids are kept as sort keys ([`key`]): a window stores its
+/// Centroids are kept as sort keys (`key`): a window stores its
 /// centroids as `f32` pairs, and one `u64` per centroid orders them exactly
-/// as [`Centroid::cmp`] orders the widened pair, so merging runs compares
+/// as `Centroid::cmp` orders the widened pair, so merging runs compares
 /// integers and moves half the bytes.
 #[derive(Default)]
 pub struct Runs {

@@ -324,14 +324,15 @@ impl Partition {
         self.engine.prefetch_windows(ev);
     }
 
-    /// The record at `offset` was handled (whatever became of it).
-    pub fn handled(&mut self, offset: i64) {
+    /// The record at `offset` was handled (whatever became of it), at `at`
+    /// (the loop reads the clock once per batch of records).
+    pub fn handled(&mut self, offset: i64, at: Instant) {
         if self.registry_wait.is_some_and(|w| w.offset == offset) {
             self.registry_wait = None;
         }
         self.next_offset = offset + 1;
         self.replayed_last = self.replays(offset);
-        self.last_record = Instant::now();
+        self.last_record = at;
     }
 
     /// An alert raised for this partition's records by a rule of the loop
@@ -524,7 +525,7 @@ mod tests {
             p.apply(&e, 0, t, 60_000),
             Ok(Applied::Applied { replayed: false })
         );
-        p.handled(0);
+        p.handled(0, Instant::now());
         assert_eq!(p.apply(&e, 1, t, 60_000), Ok(Applied::Duplicate));
         let ahead = event("free-a", t + 3_600_000, "e2");
         let r = p.apply(&ahead, 2, t, 60_000).unwrap_err();
@@ -544,13 +545,13 @@ mod tests {
         // previous owner's to have produced.
         let mut p = partition(10);
         p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
-        p.handled(0);
+        p.handled(0, Instant::now());
         assert!(p.pin("free-a", Some(pin), ""));
         assert!(p.outputs("i", || 0).alerts.is_empty());
         // Live: the same pin is an OVERRIDE alert out.
         let mut p = partition(0);
         p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
-        p.handled(0);
+        p.handled(0, Instant::now());
         assert!(p.pin("free-a", Some(pin), ""));
         assert!(!p.pin("paid-a", Some(pin), ""), "not carried here");
         let out = p.outputs("i", || 0);
@@ -576,7 +577,7 @@ mod tests {
                 e.http_status = 503;
             }
             p.apply(&e, o as i64, t, 60_000).unwrap();
-            p.handled(o as i64);
+            p.handled(o as i64, Instant::now());
             alerts.extend(p.outputs("i", || 0).alerts);
         }
         alerts
@@ -612,7 +613,7 @@ mod tests {
             let t = 1_764_000_000_000 + o as i64;
             p.apply(&event("free-a", t, id), o as i64, t, 60_000)
                 .unwrap();
-            p.handled(o as i64);
+            p.handled(o as i64, Instant::now());
         }
         assert!(p.caught_up());
         p.learn_high_watermark(100);

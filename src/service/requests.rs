@@ -3,10 +3,11 @@
 //! Runs on its own OS thread around a `BaseConsumer`, so rebalance callbacks
 //! run between two records of the same loop and need no locking against it.
 //!
-//! Per record: decode (fetching an unknown writer schema from the registry
-//! once), drop duplicates by event id, apply to the partition's engine; a
-//! bad record goes to the dead-letter topic with its reason and never stalls
-//! the partition. Offsets are stored after the record was handled and
+//! Records are taken in batches of what is ready (up to [`POLL_BATCH`]), in
+//! order. Per record: decode (fetching an unknown writer schema from the
+//! registry once), drop duplicates by event id, apply to the partition's
+//! engine; a bad record goes to the dead-letter topic with its reason and
+//! never stalls the partition. Offsets are stored once a batch was handled and
 //! committed every `service.commit_interval_ms` only after every output
 //! produced so far (alerts, dead letters) was acknowledged: at least once.
 //!
@@ -102,6 +103,9 @@ struct LoopState {
     overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// The last consumer error logged, and when.
     last_consumer_error: Option<(String, Instant)>,
+    /// Per partition, the offset to store once the batch is handled: the
+    /// last live record's plus one.
+    to_store: BTreeMap<i32, i64>,
 }
 
 impl RequestLoop {
@@ -180,6 +184,7 @@ impl RequestLoop {
                 emitter,
                 overrides: parts.overrides,
                 last_consumer_error: None,
+                to_store: BTreeMap::new(),
             },
         })
     }
@@ -692,6 +697,9 @@ impl LoopState {
         // record left undecoded here is decoded in turn if it is wanted
         // then (a paused partition's record once the one before it ran).
         let mut waiting: Vec<i32> = Vec::new();
+        // One clock reading for the batch: its records were polled together
+        // and are handled within a fraction of a millisecond.
+        let (wall, at) = (crate::wall_clock::now_ms(), Instant::now());
         let mut decoded: Vec<Option<Decoded<'_>>> = batch
             .iter()
             .zip(&revoked)
@@ -722,9 +730,25 @@ impl LoopState {
                 continue;
             }
             let pre = decoded[i].take();
-            self.handle_record(consumer, decoder, &batch[i], pre)?;
+            self.handle_record(consumer, decoder, &batch[i], pre, (wall, at))?;
         }
-        Ok(())
+        self.store_offsets(consumer)
+    }
+
+    /// Stores the offsets the batch's live records reached (one call per
+    /// batch, not per record): committed with the next commit, or by a
+    /// revocation's, and only ever after their records were handled.
+    fn store_offsets(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        if self.to_store.is_empty() {
+            return Ok(());
+        }
+        let topic = &self.runtime.kafka.request_topic;
+        let mut tpl = TopicPartitionList::new();
+        for (p, next) in std::mem::take(&mut self.to_store) {
+            tpl.add_partition_offset(topic, p, Offset::Offset(next))
+                .context("listing an offset to store")?;
+        }
+        consumer.store_offsets(&tpl).context("storing the offsets")
     }
 
     /// Hints the memory that applying a decoded record reads.
@@ -739,13 +763,15 @@ impl LoopState {
         }
     }
 
-    /// Handles one record; `pre` is its decoding, if done already.
+    /// Handles one record; `pre` is its decoding, if done already; `clock`
+    /// the batch's wall-clock reading (ms) and instant.
     fn handle_record(
         &mut self,
         consumer: &RequestConsumer,
         decoder: &Decoder,
         m: &BorrowedMessage<'_>,
         pre: Option<Decoded<'_>>,
+        (wall, at): (i64, Instant),
     ) -> anyhow::Result<()> {
         Metrics::inc(&self.metrics.events_consumed);
         let (p, offset) = (m.partition(), m.offset());
@@ -756,9 +782,6 @@ impl LoopState {
             return Ok(());
         }
         let replaying = part.replays(offset);
-        // One wall-clock read per record: the clock check and the
-        // dead-letter share both use it.
-        let wall = crate::wall_clock::now_ms();
         let skew = self.cfg.engine.clock_skew_ms();
         let decoded = match pre {
             Some(d) => d,
@@ -793,11 +816,9 @@ impl LoopState {
                 );
                 part.raise(spike.alert);
             }
-            consumer
-                .store_offset_from_message(m)
-                .context("storing the offset")?;
+            self.to_store.insert(p, offset + 1);
         }
-        part.handled(offset);
+        part.handled(offset, at);
         let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
         self.emitter.outputs(out)
     }
@@ -926,7 +947,7 @@ mod tests {
             e.error_class = crate::event::ErrorClass::ServerError;
             e.http_status = 503;
             p.apply(&e, offset as i64, e.event_time_ms, 60_000).unwrap();
-            p.handled(offset as i64);
+            p.handled(offset as i64, Instant::now());
         }
         let _ = p.outputs("test", || t0);
         p.last_record = Instant::now() - Duration::from_secs(10);
