@@ -205,8 +205,9 @@ pub struct Runs {
     spare: Vec<u64>,
     /// The ordered keys decoded, when they are few enough to be the digest.
     decoded: Vec<Centroid>,
-    /// Values being added to one digest (`add_values`).
+    /// Values being added to one digest (`add_values`), and their keys.
     values: Vec<f64>,
+    value_keys: Vec<u32>,
     sum: f64,
     count: f64,
     min: Option<f64>,
@@ -310,9 +311,13 @@ impl Runs {
         } else {
             self.decoded.extend(self.items.iter().map(|&k| centroid(k)));
         }
+        // Sorted as `f32` keys of the same total order (cheaper to compare
+        // than widened `f64`s; equal keys are equal values).
+        self.value_keys.clear();
+        self.value_keys.extend(values.iter().map(|&v| ordered_bits(v)));
+        self.value_keys.sort_unstable();
         self.values.clear();
-        self.values.extend(values.iter().map(|&v| v as f64));
-        self.values.sort_unstable_by(f64::total_cmp);
+        self.values.extend(self.value_keys.iter().map(|&k| from_ordered_bits(k) as f64));
         let (first, last) = (self.values[0], self.values[self.values.len() - 1]);
         let (min, max) = match (self.count > 0.0, self.min, self.max) {
             (true, Some(lo), Some(hi)) => (lo.min(first), hi.max(last)),
