@@ -352,9 +352,15 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let mut offset = 0i64;
     for s in 0..warmup {
         let sec = traffic.second(s);
-        let events: Vec<RequestEvent> = (0..per_second).map(|i| traffic.event(&sec, i)).collect();
-        for batch in events.chunks(PAUSE_BATCH) {
-            apply_batch(&mut part, batch, &mut offset, skew);
+        let mut batch = Vec::with_capacity(PAUSE_BATCH);
+        // A batch at a time: a second's events held at once would stay in
+        // the allocator and count as the partition's memory.
+        for start in (0..per_second).step_by(PAUSE_BATCH) {
+            batch.clear();
+            batch.extend(
+                (start..per_second.min(start + PAUSE_BATCH)).map(|i| traffic.event(&sec, i)),
+            );
+            apply_batch(&mut part, &batch, &mut offset, skew);
         }
     }
     let decoder = Decoder::new(WireFormat::Plain);
