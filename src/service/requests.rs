@@ -763,8 +763,8 @@ impl LoopState {
         }
     }
 
-    /// Handles one record; `pre` is its decoding, if done already; `clock`
-    /// the batch's wall-clock reading (ms) and instant.
+    /// Handles one record; `pre` is its decoding, if done already; `wall`
+    /// and `at` are the batch's clock readings (wall ms, instant).
     fn handle_record(
         &mut self,
         consumer: &RequestConsumer,
