@@ -302,11 +302,11 @@ impl Runs {
         self.sort();
         self.decoded.clear();
         if self.items.len() > max_size {
-            self.decoded = compress(
+            compress_into(
                 self.items.iter().map(|&k| centroid(k)),
                 max_size,
-                max_size,
                 self.count,
+                &mut self.decoded,
             );
         } else {
             self.decoded.extend(self.items.iter().map(|&k| centroid(k)));
@@ -457,17 +457,29 @@ fn from_ordered_bits(u: u32) -> f32 {
 /// `tdigest`'s compression (`merge_digests`, `compress_sorted`) of a
 /// stream of centroids in ascending order, `count` values in all.
 fn compress(
-    mut sorted: impl Iterator<Item = Centroid>,
+    sorted: impl Iterator<Item = Centroid>,
     capacity: usize,
     max_size: usize,
     count: f64,
 ) -> Vec<Centroid> {
     let mut compressed = Vec::with_capacity(capacity);
+    compress_into(sorted, max_size, count, &mut compressed);
+    compressed
+}
+
+/// [`compress`] into `compressed` (cleared first), reusing its buffer.
+fn compress_into(
+    mut sorted: impl Iterator<Item = Centroid>,
+    max_size: usize,
+    count: f64,
+    compressed: &mut Vec<Centroid>,
+) {
+    compressed.clear();
     let mut k_limit = 1.0;
     let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
     k_limit += 1.0;
     let Some(mut curr) = sorted.next() else {
-        return compressed;
+        return;
     };
     let mut weight_so_far = curr.weight;
     for centroid in sorted {
@@ -488,7 +500,6 @@ fn compress(
     {
         compressed.sort_unstable_by(Centroid::cmp);
     }
-    compressed
 }
 
 thread_local! {

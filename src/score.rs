@@ -166,8 +166,8 @@ pub fn intermittent(
 }
 
 /// A bounded reading (`optimistic` for a relapse, `pessimistic` for a
-/// probation's pass and AT_RISK's exit): each signal at `value_of`. When the comprehensive failure rate (`bad_outcome_rate`)
-/// voted, the rates whose failures it counts too (`error_rate`,
+/// probation's pass and AT_RISK's exit): each signal at `value_of`. When
+/// the comprehensive failure rate (`bad_outcome_rate`) voted, the rates whose failures it counts too (`error_rate`,
 /// `recent_failure_rate`, the bad-answer kinds) are left out: the same few
 /// failures read several times add up to a verdict none of them supports.
 /// Seed 003's line fails 2 % on a good day; 6 failures in 61 attempts after

@@ -411,10 +411,15 @@ impl SliceRing {
         t_ms.div_euclid(self.slice_ms)
     }
 
+    /// Whether event time `t` lies in the slice the last event landed in.
+    fn in_last_slice(&self, t: i64) -> bool {
+        t >= self.last.1 && t - self.last.1 < self.slice_ms
+    }
+
     /// The slot of the slice holding event time `t`, recycled if it held an
     /// older slice; `None` if `t` is older than the ring.
     fn slot_for(&mut self, t: i64) -> Option<usize> {
-        let (index, slot) = if t >= self.last.1 && t - self.last.1 < self.slice_ms {
+        let (index, slot) = if self.in_last_slice(t) {
             (self.last.0, self.last.2)
         } else {
             // Off the hot path (a new slice); the first event of all lands
@@ -499,7 +504,7 @@ impl SliceRing {
     /// takes its next value (see [`crate::prefetch`]). It reads the ring's
     /// own fields: hint those first ([`crate::prefetch::value`]).
     pub fn prefetch(&self, t: i64) {
-        if self.slices.is_empty() || t < self.last.1 || t - self.last.1 >= self.slice_ms {
+        if self.slices.is_empty() || !self.in_last_slice(t) {
             return;
         }
         let slot = self.last.2;
