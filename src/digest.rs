@@ -162,31 +162,198 @@ impl MergedDigest {
     }
 
     fn interpolate_quantile(&self, pos: usize, rank: f64, weight_before: f64) -> f64 {
-        let centroid = &self.centroids[pos];
-        let offset = (rank - weight_before) / centroid.weight - 0.5;
-        let (neighbor, weight_fraction) = if offset < 0.0 {
-            if pos == 0 {
-                (self.min, 1.0)
-            } else {
-                let previous = &self.centroids[pos - 1];
-                (
-                    previous.mean,
-                    centroid.weight / (previous.weight + centroid.weight),
-                )
-            }
-        } else if pos + 1 == self.centroids.len() {
-            (self.max, 1.0)
-        } else {
-            let next = &self.centroids[pos + 1];
-            (next.mean, centroid.weight / (centroid.weight + next.weight))
-        };
-        let offset_magnitude = if offset < 0.0 { -offset } else { offset };
-        interpolate(
-            centroid.mean,
-            neighbor,
-            (offset_magnitude * 2.0 * weight_fraction).clamp(0.0, 1.0),
+        let c = &self.centroids;
+        interpolate_at(
+            c[pos],
+            pos.checked_sub(1).map(|p| c[p]),
+            c.get(pos + 1).copied(),
+            rank,
+            weight_before,
+            (self.min, self.max),
         )
-        .clamp(self.min, self.max)
+    }
+}
+
+/// `tdigest::TDigest::estimate_quantile`'s last step: the value at `rank`
+/// inside `centroid`, which `weight_before` values precede, interpolated
+/// towards its neighbour below or above (`None`: the digest's min or max).
+fn interpolate_at(
+    centroid: Centroid,
+    below: Option<Centroid>,
+    above: Option<Centroid>,
+    rank: f64,
+    weight_before: f64,
+    (min, max): (f64, f64),
+) -> f64 {
+    let offset = (rank - weight_before) / centroid.weight - 0.5;
+    let (neighbor, weight_fraction) = if offset < 0.0 {
+        match below {
+            None => (min, 1.0),
+            Some(previous) => (
+                previous.mean,
+                centroid.weight / (previous.weight + centroid.weight),
+            ),
+        }
+    } else {
+        match above {
+            None => (max, 1.0),
+            Some(next) => (next.mean, centroid.weight / (centroid.weight + next.weight)),
+        }
+    };
+    let offset_magnitude = if offset < 0.0 { -offset } else { offset };
+    interpolate(
+        centroid.mean,
+        neighbor,
+        (offset_magnitude * 2.0 * weight_fraction).clamp(0.0, 1.0),
+    )
+    .clamp(min, max)
+}
+
+/// The digests of a view, for quantile queries: the union of their
+/// centroids, not compressed again. Get one from [`view`].
+///
+/// An evaluation tick reads a handful of quantiles per view, and merging
+/// the view's runs into one digest compressed to `engine.tdigest_size`
+/// (sorting and re-clustering every centroid) was most of its cost. A
+/// quantile of the union is `tdigest`'s `estimate_quantile` over every
+/// centroid of the view in order (what `TDigest::new` keeps when its size
+/// holds them all; `tests::view_quantiles_are_the_crates_over_the_union`):
+/// one compression fewer between the values and the answer. A tail
+/// quantile walks in from its end, taking the next centroid from the runs'
+/// ends, a few steps per run; one nearer the middle sorts the runs once
+/// (merged pairwise, as [`gather`] does) and walks the sorted sequence.
+pub struct ViewDigest {
+    runs: Runs,
+}
+
+/// Quantiles this far from either end are walked to across the runs
+/// without sorting them (a few centroids per run lie beyond them).
+const TAIL: f64 = 0.1;
+
+impl ViewDigest {
+    pub fn count(&self) -> f64 {
+        self.runs.count
+    }
+
+    pub fn min(&self) -> f64 {
+        self.runs.min.expect("a view holds a run")
+    }
+
+    pub fn max(&self) -> f64 {
+        self.runs.max.expect("a view holds a run")
+    }
+
+    /// The value at quantile `q`: `tdigest::TDigest::estimate_quantile` of
+    /// the view's centroids, all of them, in order.
+    pub fn estimate_quantile(&mut self, q: f64) -> f64 {
+        let bounds = (self.min(), self.max());
+        let count = self.runs.count;
+        let rank = q * count;
+        let descending = q > 0.5;
+        if descending && q >= 1.0 {
+            return bounds.1;
+        }
+        if !descending && q <= 0.0 {
+            return bounds.0;
+        }
+        if q > TAIL && q < 1.0 - TAIL && self.runs.starts.len() > 1 {
+            self.runs.sort();
+        }
+        let mut walk = Walk::new(&mut self.runs, descending);
+        // The centroid walked before the current one, and the one before
+        // that: a neighbour when the walk runs off the far end.
+        let (mut prev, mut prev2): (Option<Centroid>, Option<Centroid>) = (None, None);
+        if descending {
+            let mut t = count;
+            while let Some(c) = walk.next() {
+                t -= c.weight;
+                if rank >= t {
+                    return interpolate_at(c, walk.next(), prev, rank, t, bounds);
+                }
+                (prev2, prev) = (prev, Some(c));
+            }
+            // Never reached: the lowest centroid, as `estimate_quantile`
+            // leaves it.
+            let c = prev.expect("a view holds a centroid");
+            interpolate_at(c, None, prev2, rank, t, bounds)
+        } else {
+            let mut t = 0.0;
+            while let Some(c) = walk.next() {
+                if rank < t + c.weight {
+                    return interpolate_at(c, prev, walk.next(), rank, t, bounds);
+                }
+                t += c.weight;
+                (prev2, prev) = (prev, Some(c));
+            }
+            let c = prev.expect("a view holds a centroid");
+            interpolate_at(c, prev2, None, rank, t, bounds)
+        }
+    }
+}
+
+impl Drop for ViewDigest {
+    fn drop(&mut self) {
+        let mut runs = std::mem::take(&mut self.runs);
+        runs.clear();
+        let _ = VIEW_RUNS.try_with(|pool| pool.borrow_mut().push(runs));
+    }
+}
+
+/// The centroids of every run in ascending or descending order, each step
+/// taking the smallest (largest) key left at the runs' near ends.
+struct Walk<'a> {
+    items: &'a [u64],
+    /// Per run, the part not yet taken.
+    left: &'a mut Vec<(usize, usize)>,
+    descending: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn new(runs: &'a mut Runs, descending: bool) -> Walk<'a> {
+        let n = runs.items.len();
+        runs.walk.clear();
+        let starts = &runs.starts;
+        runs.walk.extend(
+            (0..starts.len())
+                .map(|r| (starts[r], starts.get(r + 1).copied().unwrap_or(n)))
+                .filter(|(lo, hi)| lo < hi),
+        );
+        Walk {
+            items: &runs.items,
+            left: &mut runs.walk,
+            descending,
+        }
+    }
+
+    fn next(&mut self) -> Option<Centroid> {
+        let items = self.items;
+        let mut best: Option<(usize, u64)> = None;
+        for (r, &(lo, hi)) in self.left.iter().enumerate() {
+            let k = if self.descending {
+                items[hi - 1]
+            } else {
+                items[lo]
+            };
+            // Equal keys are the same centroid: either may go first.
+            let better = match best {
+                None => true,
+                Some((_, b)) => (k > b) == self.descending && k != b,
+            };
+            if better {
+                best = Some((r, k));
+            }
+        }
+        let (r, k) = best?;
+        let run = &mut self.left[r];
+        if self.descending {
+            run.1 -= 1;
+        } else {
+            run.0 += 1;
+        }
+        if run.0 == run.1 {
+            self.left.swap_remove(r);
+        }
+        Some(centroid(k))
     }
 }
 
@@ -208,6 +375,8 @@ pub struct Runs {
     /// Values being added to one digest (`add_values`), and their keys.
     values: Vec<f64>,
     value_keys: Vec<u32>,
+    /// A view's walk: per run, the part not yet taken.
+    walk: Vec<(usize, usize)>,
     sum: f64,
     count: f64,
     min: Option<f64>,
@@ -243,7 +412,9 @@ impl Runs {
                 self.count,
             )
         } else {
-            self.items.iter().map(|&k| centroid(k)).collect()
+            let mut v = spare_centroids(self.items.len());
+            v.extend(self.items.iter().map(|&k| centroid(k)));
+            v
         };
         Some(MergedDigest {
             centroids,
@@ -257,17 +428,10 @@ impl Runs {
     /// Puts `items` in order: merges the runs pairwise, or sorts them all
     /// when a run is out of order.
     fn sort(&mut self) {
-        let n = self.items.len();
-        let runs_in_order = (0..self.starts.len()).all(|r| {
-            let end = self.starts.get(r + 1).copied().unwrap_or(n);
-            self.items[self.starts[r]..end]
-                .windows(2)
-                .all(|w| w[0] <= w[1])
-        });
-        if !runs_in_order {
-            self.items.sort_unstable();
+        if !self.order_runs() {
             return;
         }
+        let n = self.items.len();
         self.spare.clear();
         self.spare.resize(n, 0);
         while self.starts.len() > 1 {
@@ -289,6 +453,25 @@ impl Runs {
             self.starts.truncate(next);
             std::mem::swap(&mut self.items, &mut self.spare);
         }
+    }
+
+    /// Makes sure every run is in order: a run that is not (two `f64`
+    /// means that narrowed to one `f32`) has everything sorted into one.
+    /// `false` if it came to that.
+    fn order_runs(&mut self) -> bool {
+        let n = self.items.len();
+        let runs_in_order = (0..self.starts.len()).all(|r| {
+            let end = self.starts.get(r + 1).copied().unwrap_or(n);
+            self.items[self.starts[r]..end]
+                .windows(2)
+                .all(|w| w[0] <= w[1])
+        });
+        if !runs_in_order {
+            self.items.sort_unstable();
+            self.starts.clear();
+            self.starts.push(0);
+        }
+        runs_in_order
     }
 
     /// The digest `TDigest::new` makes of what was added (one digest, at
@@ -462,9 +645,41 @@ fn compress(
     max_size: usize,
     count: f64,
 ) -> Vec<Centroid> {
-    let mut compressed = Vec::with_capacity(capacity);
+    let mut compressed = spare_centroids(capacity);
     compress_into(sorted, max_size, count, &mut compressed);
     compressed
+}
+
+/// A buffer for a merged digest's centroids: one a dropped digest left on
+/// this thread, or a new one. A slice stores its digests as it takes staged
+/// values, several times a slice per channel: a fresh allocation each time
+/// was a tenth of that work.
+fn spare_centroids(capacity: usize) -> Vec<Centroid> {
+    let mut v = SPARE_CENTROIDS
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    v.clear();
+    v.reserve(capacity);
+    v
+}
+
+/// Buffers kept for reuse per thread.
+const SPARE_KEPT: usize = 8;
+
+impl Drop for MergedDigest {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.centroids);
+        if v.capacity() > 0 {
+            let _ = SPARE_CENTROIDS.try_with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if spare.len() < SPARE_KEPT {
+                    spare.push(v);
+                }
+            });
+        }
+    }
 }
 
 /// [`compress`] into `compressed` (cleared first), reusing its buffer.
@@ -504,6 +719,27 @@ fn compress_into(
 
 thread_local! {
     static RUNS: RefCell<Runs> = RefCell::new(Runs::default());
+    /// Buffers of the views alive or dropped on this thread, for reuse.
+    static VIEW_RUNS: RefCell<Vec<Runs>> = const { RefCell::new(Vec::new()) };
+    /// Centroid buffers of dropped merged digests (`spare_centroids`).
+    static SPARE_CENTROIDS: RefCell<Vec<Vec<Centroid>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Gathers runs with `fill` into a view for quantile queries (`None` if
+/// `fill` added nothing). Its buffers are this thread's, reused once the
+/// view is dropped.
+pub fn view(fill: impl FnOnce(&mut Runs)) -> Option<ViewDigest> {
+    let mut runs = VIEW_RUNS
+        .try_with(|pool| pool.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    runs.clear();
+    fill(&mut runs);
+    // A walk takes runs in order.
+    runs.order_runs();
+    let view = ViewDigest { runs };
+    (!view.runs.items.is_empty()).then_some(view)
 }
 
 /// Gathers runs with `fill` and returns their merged digest of at most
@@ -652,6 +888,76 @@ mod tests {
                 assert_eq!(Some(a.to_bits()), b.map(f64::to_bits), "case {case} q {q}");
             }
         }
+    }
+
+    /// A view's quantiles are the crate's `estimate_quantile` over the
+    /// union of its runs' centroids, none compressed again: bit for bit,
+    /// whether the walk goes across the runs (tails) or over them sorted,
+    /// and whatever was asked of the view before.
+    #[test]
+    fn view_quantiles_are_the_crates_over_the_union() {
+        let mut rng = Rng(0x51_7cc1_b727_220a);
+        let qs = [
+            0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.5001, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0,
+        ];
+        for case in 0..2_000 {
+            let slices: Vec<_> = (0..1 + rng.below(30))
+                .map(|_| {
+                    let size = [5, 25, 25, 100][rng.below(4) as usize];
+                    slice(&mut rng, size)
+                })
+                .collect();
+            let mut all = Vec::new();
+            let (mut sum, mut count) = (0.0, 0.0);
+            let (mut lo, mut hi): (Option<f64>, Option<f64>) = (None, None);
+            for (cs, n, s, mn, mx) in &slices {
+                all.extend(
+                    cs.iter()
+                        .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64)),
+                );
+                sum += s;
+                count += n;
+                lo = Some(lo.map_or(*mn as f64, |m| m.min(*mn as f64)));
+                hi = Some(hi.map_or(*mx as f64, |m| m.max(*mx as f64)));
+            }
+            let size = all.len();
+            let expected = TDigest::new(all, sum, count, hi, lo, size);
+            let make = || {
+                view(|runs| {
+                    for (cs, n, s, mn, mx) in &slices {
+                        runs.add(
+                            &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
+                            *n,
+                            *s,
+                            *mn as f64,
+                            *mx as f64,
+                        );
+                    }
+                })
+                .unwrap()
+            };
+            // The same view asked in turn (sorted by a middle quantile
+            // partway), and a fresh view per quantile.
+            let mut shared = make();
+            assert_eq!(shared.count(), count);
+            assert_eq!((shared.min(), shared.max()), (lo.unwrap(), hi.unwrap()));
+            let start = rng.below(qs.len() as u64) as usize;
+            for i in 0..qs.len() {
+                let q = qs[(start + i) % qs.len()];
+                let want = expected.estimate_quantile(q).map(f64::to_bits);
+                assert_eq!(
+                    Some(shared.estimate_quantile(q).to_bits()),
+                    want,
+                    "case {case} q {q}"
+                );
+                assert_eq!(
+                    Some(make().estimate_quantile(q).to_bits()),
+                    want,
+                    "case {case} q {q}"
+                );
+            }
+        }
+        assert!(view(|_| {}).is_none());
     }
 
     #[test]

@@ -589,8 +589,8 @@ pub fn measure(
 }
 
 impl LatencySummary {
-    /// The P99 latency measurement and the digest behind it.
-    fn of(p99: Measurement, d: &crate::digest::MergedDigest) -> LatencySummary {
+    /// The P99 latency measurement and the view behind it.
+    fn of(p99: Measurement, d: &mut crate::digest::ViewDigest) -> LatencySummary {
         LatencySummary {
             p50_ms: d.estimate_quantile(0.5),
             p95_ms: d.estimate_quantile(0.95),
@@ -678,9 +678,9 @@ impl Pass<'_> {
                     on_probes[k as usize] = true;
                     found = self.quantile(Digest::LatencyProbe, q, count, min);
                 }
-                found.map(|(m, d)| {
+                found.map(|(m, mut d)| {
                     if k == SignalKind::P99Latency {
-                        out.latency = Some(LatencySummary::of(m, &d));
+                        out.latency = Some(LatencySummary::of(m, &mut d));
                     }
                     m
                 })
@@ -732,7 +732,7 @@ impl Pass<'_> {
         q: f64,
         count: fn(&Counters) -> u32,
         min: u32,
-    ) -> Option<(Measurement, crate::digest::MergedDigest)> {
+    ) -> Option<(Measurement, crate::digest::ViewDigest)> {
         let pop_ok = |p: Pop| match which {
             Digest::LatencyProbe => p == Pop::Probe,
             _ => p == Pop::Real,
@@ -741,7 +741,7 @@ impl Pass<'_> {
             if !pop_ok(pop) || count(&c) < min {
                 continue;
             }
-            let Some(d) = self
+            let Some(mut d) = self
                 .ring
                 .digest(which, self.now_ms, window_ms, self.not_before_ms)
             else {

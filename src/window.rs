@@ -228,6 +228,16 @@ impl SliceDigests {
         self.count[k] == 0
     }
 
+    /// Holds nothing again, keeping its buffer (a fine slot's next slice).
+    fn clear(&mut self) {
+        let mut centroids = std::mem::take(&mut self.centroids);
+        centroids.clear();
+        *self = SliceDigests {
+            centroids,
+            ..SliceDigests::default()
+        };
+    }
+
     /// Adds kind `k` (if it holds values) to a merged digest's runs.
     fn add_to(&self, runs: &mut Runs, k: usize) {
         if self.is_empty(k) {
@@ -264,6 +274,12 @@ impl SliceDigests {
         let range = self.range(k);
         let old = range.len();
         let new = d.centroids().len();
+        // Grown to size, never doubled (the buffer is most of a slice's
+        // memory), and not shrunk back either: a slice's kinds stay about
+        // the size of their compression once they hold values.
+        if new > old {
+            self.centroids.reserve_exact(new - old);
+        }
         self.centroids.splice(
             range,
             d.centroids()
@@ -273,7 +289,6 @@ impl SliceDigests {
         for end in &mut self.ends[k..] {
             *end = (*end as usize + new - old) as u16;
         }
-        self.centroids.shrink_to_fit();
         self.count[k] = d.count() as u32;
         self.sum[k] = d.sum();
         self.min[k] = d.min() as f32;
@@ -298,9 +313,8 @@ pub struct SliceRing {
     /// Empty until the first event, then `len` slots.
     slices: Vec<Slice>,
     len: usize,
-    /// Compression of slice digests, and of a view's.
+    /// Compression of slice digests.
     slice_size: usize,
-    view_size: usize,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
@@ -359,8 +373,6 @@ impl Pane {
 pub struct RingShape {
     pub slice_ms: i64,
     pub slices: usize,
-    /// Compression of a view's merged digest.
-    pub tdigest_size: u32,
     /// Compression of each slice's digests.
     pub slice_tdigest_size: u32,
     /// Slices per pane, slices in the short view, compression of a pane.
@@ -391,7 +403,6 @@ impl SliceRing {
             pane_size: cfg.pane_tdigest_size as usize,
             len: cfg.slices,
             slice_size: size,
-            view_size: cfg.tdigest_size as usize,
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
             stage: (i64::MIN, 0),
@@ -569,7 +580,7 @@ impl SliceRing {
                     return None;
                 }
                 debug_assert!(self.fine_indices[f] <= self.moved_through);
-                self.fine[f] = SliceDigests::default();
+                self.fine[f].clear();
                 self.fine_indices[f] = index;
             }
             return Some((&mut self.fine[f], self.slice_size));
@@ -618,20 +629,22 @@ impl SliceRing {
         if through <= self.moved_through || self.fine.is_empty() {
             return;
         }
-        let mut leaving: Vec<(i64, usize)> = (0..self.fine.len())
+        // Oldest first; a slot keeps its buffer for the slice that takes
+        // it next (`digests_of`).
+        while let Some((index, f)) = (0..self.fine.len())
             .filter(|&f| self.fine_indices[f] != i64::MIN && self.fine_indices[f] <= through)
             .map(|f| (self.fine_indices[f], f))
-            .collect();
-        leaving.sort_unstable();
-        for (index, f) in leaving {
-            let d = std::mem::take(&mut self.fine[f]);
+            .min()
+        {
             self.fine_indices[f] = i64::MIN;
-            if (0..5).all(|k| d.is_empty(k)) {
+            if (0..5).all(|k| self.fine[f].is_empty(k)) {
                 continue;
             }
             let i = self.pane_for(index);
-            // `store` leaves the centroids exactly sized.
-            self.panes[i].hold(index).merge_from(&d, self.pane_size);
+            self.panes[i]
+                .hold(index)
+                .merge_from(&self.fine[f], self.pane_size);
+            self.fine[f].clear();
         }
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
@@ -685,15 +698,17 @@ impl SliceRing {
         out
     }
 
-    /// Merges one digest kind over a view. Returns `None` when it holds no
-    /// values. Cost: one merge of the view's centroids (evaluation path only).
+    /// One digest kind over a view, for quantile queries (the union of its
+    /// slices' and panes' centroids, see [`digest::ViewDigest`]). Returns
+    /// `None` when it holds no values. Cost: gathering the view's
+    /// centroids, then a walk per quantile (evaluation path only).
     pub fn digest(
         &mut self,
         which: Digest,
         now_ms: i64,
         window_ms: i64,
         not_before_ms: i64,
-    ) -> Option<MergedDigest> {
+    ) -> Option<digest::ViewDigest> {
         self.drain_stage();
         let clip = self.slice_of(not_before_ms + self.slice_ms - 1);
         if not_before_ms > i64::MIN / 2 {
@@ -715,9 +730,9 @@ impl SliceRing {
             .iter()
             .filter(|p| p.held.1 >= first && p.held.0 <= last && p.held.0 >= clip)
             .map(|p| &p.digests);
-        // One merge of the view's centroids, in reused buffers (this runs
-        // for every channel on every evaluation tick).
-        digest::gather(self.view_size, |runs| {
+        // The view's centroids, in reused buffers (this runs for every
+        // channel on every evaluation tick).
+        digest::view(|runs| {
             for d in panes.chain(fine) {
                 match which {
                     // Real latency: the short- and long-input digests together.
@@ -967,7 +982,7 @@ mod tests {
             ring.record(&ev_at(t0 + i * 50, (i % 100) as i32 * 10 + 5));
         }
         let now = t0 + 999 * 50;
-        let d = ring
+        let mut d = ring
             .digest(Digest::Latency, now, 60_000, i64::MIN / 2)
             .unwrap();
         let p50 = d.estimate_quantile(0.5);
@@ -998,7 +1013,7 @@ mod tests {
         }
         let now = t0 + 7 * 60_000 - 1;
         let long = ring.counters(now, c.long_window_ms, i64::MIN / 2);
-        let d = ring
+        let mut d = ring
             .digest(Digest::Latency, now, c.long_window_ms, i64::MIN / 2)
             .unwrap();
         // Only the short view is kept per slice; the rest is in panes of a

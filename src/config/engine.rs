@@ -34,16 +34,18 @@ pub struct EngineConfig {
     /// Size of the count-based window of last outcomes. SPEC §4 / seed 002:
     /// "the last 100 requests" catches sparse failures a time window misses.
     pub outcome_window: u32,
-    /// t-digest compression. 100 keeps P99 error around 2–3 % at a quarter of
-    /// the memory of 200 (<0.5 %); per-channel memory is documented in `window`.
+    /// The largest t-digest compression a slice or a pane may use (the
+    /// bound of `slice_tdigest_size` and `pane_tdigest_size`). A view is not
+    /// compressed again: its quantiles are read from the union of its
+    /// slices' and panes' centroids (`digest::ViewDigest`); per-channel
+    /// memory is documented in `window`.
     pub tdigest_size: u32,
     /// t-digest compression of each slice's digests (at most
-    /// `tdigest_size`). A view merges many slices and compresses the result
-    /// to `tdigest_size`; the tails stay sharp at any compression (the
-    /// t-digest scale keeps its outermost centroids small), so slices can
-    /// be coarser than views. 25 cuts what a busy channel holds and what an
-    /// evaluation tick sorts about fourfold against 100 (measured in the
-    /// README's performance section).
+    /// `tdigest_size`). The tails stay sharp at any compression (the
+    /// t-digest scale keeps its outermost centroids small), so a view of
+    /// twelve slices at 25 reads its P99 from single values. 25 cuts what a
+    /// busy channel holds and what an evaluation tick walks about fourfold
+    /// against 100 (measured in the README's performance section).
     pub slice_tdigest_size: u32,
     /// Slices that have left the short view are merged into panes of this
     /// width (a multiple of `slice_ms`), one merge per slice, and only the
@@ -154,7 +156,6 @@ impl EngineConfig {
         crate::window::RingShape {
             slice_ms: self.slice_ms,
             slices: self.ring_slices(),
-            tdigest_size: self.tdigest_size,
             slice_tdigest_size: self.slice_tdigest_size,
             pane_slices: (self.pane_ms() / self.slice_ms).max(1) as usize,
             short_slices: self.short_slices(),
