@@ -20,7 +20,7 @@
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::service::partition::{Lookahead, Partition, Position};
+use crate::service::partition::{Hint, Lookahead, Partition, Position, Step};
 use crate::sim::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -287,9 +287,16 @@ impl Encoded {
 
 /// One record through the partition as the request loop handles it (the
 /// event's own time stands in for the wall clock).
-fn step(part: &mut Partition, ev: &RequestEvent<'_>, offset: i64, skew: i64, at: Instant) {
+fn step(
+    part: &mut Partition,
+    ev: &RequestEvent<'_>,
+    hint: Hint,
+    offset: i64,
+    skew: i64,
+    at: Instant,
+) {
     let wall = ev.event_time_ms;
-    let _ = part.apply(ev, offset, wall, skew);
+    let _ = part.apply_hinted(ev, hint, offset, wall, skew);
     part.handled(offset, at);
     let _ = part.outputs("bench", || wall);
 }
@@ -299,14 +306,13 @@ fn step(part: &mut Partition, ev: &RequestEvent<'_>, offset: i64, skew: i64, at:
 fn apply_batch(part: &mut Partition, batch: &[RequestEvent<'_>], offset: &mut i64, skew: i64) {
     // One clock reading per batch, as the request loop takes it.
     let at = Instant::now();
+    let mut hints = [Hint::default(); PAUSE_BATCH];
     for (i, ev) in batch.iter().enumerate() {
-        Lookahead::ahead(
-            i,
-            batch.len(),
-            |j| part.prefetch_entry(&batch[j]),
-            |j| part.prefetch_windows(&batch[j]),
-        );
-        step(part, ev, *offset, skew, at);
+        Lookahead::ahead(i, batch.len(), |step, j| match step {
+            Step::Entry => hints[j % PAUSE_BATCH] = part.prefetch_entry(&batch[j]),
+            Step::Windows => part.prefetch_windows(&batch[j], &hints[j % PAUSE_BATCH]),
+        });
+        step(part, ev, hints[i % PAUSE_BATCH], *offset, skew, at);
         *offset += 1;
     }
 }

@@ -123,15 +123,17 @@ impl Dedup {
     }
 
     /// An id's 48-bit fingerprint (never 0: 0 is an empty slot).
-    fn fingerprint(&self, event_id: &str) -> u64 {
+    /// What the table keeps of an id (never 0): computed once per record
+    /// when the look-ahead hints its slot ([`Dedup::prefetch`]).
+    pub fn fingerprint(&self, event_id: &str) -> u64 {
         (self.hasher.hash_one(event_id.as_bytes()) >> 16).max(1)
     }
 
-    /// Hints the slot [`Dedup::first_seen`] starts probing at for this id
-    /// (see [`crate::prefetch`]): at steady state the table is far larger
-    /// than the caches and each id's slot is a random one.
-    pub fn prefetch(&self, event_id: &str) {
-        let fingerprint = self.fingerprint(event_id);
+    /// Hints the slot [`Dedup::first_seen`] starts probing at for the id
+    /// of this fingerprint (see [`crate::prefetch`]): at steady state the
+    /// table is far larger than the caches and each id's slot is a random
+    /// one.
+    pub fn prefetch(&self, fingerprint: u64) {
         let slots = &self.shards[(fingerprint >> SHARD_SHIFT) as usize].slots;
         crate::prefetch::value(&slots[Shard::home(fingerprint, slots.len())]);
     }
@@ -139,9 +141,15 @@ impl Dedup {
     /// True the first time an id is seen within the horizon; false for a
     /// duplicate (counted).
     pub fn first_seen(&mut self, event_id: &str, event_time_ms: i64) -> bool {
+        let fingerprint = self.fingerprint(event_id);
+        self.first_seen_fingerprint(fingerprint, event_time_ms)
+    }
+
+    /// [`Dedup::first_seen`] of the id whose [`Dedup::fingerprint`] this is.
+    pub fn first_seen_fingerprint(&mut self, fingerprint: u64, event_time_ms: i64) -> bool {
+        debug_assert_ne!(fingerprint, 0, "a fingerprint is never 0");
         self.advance(event_time_ms);
         let now_tag = self.tag(self.latest_ms);
-        let fingerprint = self.fingerprint(event_id);
         let entry = fingerprint << 16 | self.tag(event_time_ms) as u64;
         let k = (fingerprint >> SHARD_SHIFT) as usize;
         let n = self.shards[k].slots.len();

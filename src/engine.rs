@@ -84,6 +84,21 @@ impl ApplyError {
     }
 }
 
+/// An event's channel looked up ahead of its apply
+/// ([`Engine::prefetch_entry`]), so a batch looks each channel up once.
+/// Taken only by the engine it came from, with its channels unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelHint {
+    generation: u64,
+    idx: ChannelIdx,
+}
+
+/// A number no other engine's channel table has had in this process.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Counters the shell exports as metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
@@ -213,6 +228,9 @@ pub struct Engine {
     cfg: Arc<Config>,
     channels: Vec<ChannelRuntime>,
     by_id: ahash::AHashMap<Box<str>, ChannelIdx>,
+    /// Changes whenever `by_id` may: a [`ChannelHint`] from another
+    /// generation is looked up again.
+    generation: u64,
     watermark_ms: Option<i64>,
     first_event_ms: Option<i64>,
     next_eval_ms: Option<i64>,
@@ -289,6 +307,7 @@ impl Engine {
             cfg,
             channels,
             by_id,
+            generation: next_generation(),
             watermark_ms: None,
             first_event_ms: None,
             next_eval_ms: None,
@@ -315,11 +334,9 @@ impl Engine {
 
     /// Hints the parts of `ev`'s channel entry that applying it reads (see
     /// [`crate::prefetch`]); the first of two steps, well ahead.
-    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>) {
+    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>) -> Option<ChannelHint> {
         use crate::prefetch::value;
-        let Some(&idx) = self.by_id.get(ev.channel_id) else {
-            return;
-        };
+        let idx = *self.by_id.get(ev.channel_id)?;
         let ch = &self.channels[idx as usize];
         value(&ch.ring);
         value(&ch.outcomes);
@@ -327,13 +344,28 @@ impl Engine {
         value(&ch.cfg.group);
         value(&ch.last_event_ms);
         value(&ch.frozen_until_ms);
+        Some(ChannelHint {
+            generation: self.generation,
+            idx,
+        })
+    }
+
+    /// The channel of `ev`: `hint` if it was looked up for this engine's
+    /// channels as they are, else looked up now.
+    fn channel_of(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) -> Option<ChannelIdx> {
+        let idx = match hint {
+            Some(h) if h.generation == self.generation => h.idx,
+            _ => *self.by_id.get(ev.channel_id)?,
+        };
+        debug_assert_eq!(self.channels[idx as usize].cfg.id, ev.channel_id);
+        Some(idx)
     }
 
     /// Hints what applying `ev` reads through its channel's entry: its
     /// slice, staging buffers, outcome window and group name. The second
     /// step, once [`Engine::prefetch_entry`] had time to load the entry.
-    pub fn prefetch_windows(&self, ev: &RequestEvent<'_>) {
-        let Some(&idx) = self.by_id.get(ev.channel_id) else {
+    pub fn prefetch_windows(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) {
+        let Some(idx) = self.channel_of(ev, hint) else {
             return;
         };
         let ch = &self.channels[idx as usize];
@@ -360,7 +392,7 @@ impl Engine {
         ev: &RequestEvent<'_>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        self.apply_against(ev, crate::clock::Reference::Watermark, out)
+        self.apply_against(ev, crate::clock::Reference::Watermark, None, out)
     }
 
     /// Applies one event as it arrives live: an event stamped further ahead
@@ -371,7 +403,19 @@ impl Engine {
         wall_ms: i64,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        self.apply_against(ev, crate::clock::Reference::Wall(wall_ms), out)
+        self.apply_live_hinted(ev, wall_ms, None, out)
+    }
+
+    /// [`Engine::apply_live`] with the channel looked up ahead
+    /// ([`Engine::prefetch_entry`] on this event).
+    pub fn apply_live_hinted(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+        hint: Option<ChannelHint>,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        self.apply_against(ev, crate::clock::Reference::Wall(wall_ms), hint, out)
     }
 
     /// Refuses an event stamped too far ahead of `reference` (`clock`).
@@ -410,9 +454,10 @@ impl Engine {
         &mut self,
         ev: &RequestEvent<'_>,
         reference: crate::clock::Reference,
+        hint: Option<ChannelHint>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        let idx = self.admit(ev, reference)?;
+        let idx = self.admit(ev, reference, hint)?;
         let t = ev.event_time_ms;
         if self.watermark_ms.is_none_or(|w| t > w) {
             self.advance_to(t, out);
@@ -431,8 +476,9 @@ impl Engine {
         &mut self,
         ev: &RequestEvent<'_>,
         reference: crate::clock::Reference,
+        hint: Option<ChannelHint>,
     ) -> Result<ChannelIdx, ApplyError> {
-        let Some(&idx) = self.by_id.get(ev.channel_id) else {
+        let Some(idx) = self.channel_of(ev, hint) else {
             self.stats.unknown_channel += 1;
             return Err(ApplyError::UnknownChannel {
                 channel: ev.channel_id.to_string(),
@@ -1051,6 +1097,7 @@ impl Engine {
         self.safety = safety;
         self.channels = channels;
         self.by_id = by_id;
+        self.generation = next_generation();
         if cfg.alerts != self.cfg.alerts {
             // Dedup memory starts over with new alert rules.
             self.rules = AlertRules::new(cfg.alerts.clone());
@@ -1634,6 +1681,34 @@ mod tests {
         let mut other = (*three).clone();
         other.engine.slice_ms *= 2;
         assert!(e.reconfigure(Arc::new(other)).is_err());
+    }
+
+    /// A channel looked up before a reload that renumbered the channels
+    /// is looked up again: the event lands in its own channel.
+    #[test]
+    fn a_channel_hint_from_before_a_reload_is_not_taken() {
+        let mut e = engine();
+        let hint = e.prefetch_entry(&ev("paid-a", T0));
+        assert_eq!(hint.map(|h| h.idx), e.channel_index("paid-a"));
+        let swapped = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+                ("free-a", Tier::Free, 0.0, 50.0),
+            ],
+        ));
+        e.reconfigure(swapped).unwrap();
+        assert_ne!(hint.map(|h| h.idx), e.channel_index("paid-a"));
+        let mut out = Vec::new();
+        e.apply_live_hinted(&ev("paid-a", T0), T0, hint, &mut out)
+            .unwrap();
+        assert!(e.has_events(e.channel_index("paid-a").unwrap()));
+        assert!(!e.has_events(e.channel_index("free-a").unwrap()));
+        // A hint of the engine as it is is taken.
+        let fresh = e.prefetch_entry(&ev("free-a", T0));
+        e.apply_live_hinted(&ev("free-a", T0), T0, fresh, &mut out)
+            .unwrap();
+        assert!(e.has_events(e.channel_index("free-a").unwrap()));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::alert::AlertEvent;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{ApplyError, Engine};
+use crate::engine::{ApplyError, ChannelHint, Engine};
 use crate::event::RequestEvent;
 use crate::health::HealthReport;
 use crate::state::{Pin, StateMachine};
@@ -78,29 +78,49 @@ pub struct Outputs {
 /// the windows it points to once the entry had time to arrive.
 pub struct Lookahead;
 
+/// Which memory a look-ahead step hints (see [`Lookahead::ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// [`Partition::prefetch_entry`], which also looks the record up.
+    Entry,
+    /// [`Partition::prefetch_windows`].
+    Windows,
+}
+
 impl Lookahead {
     pub const ENTRY: usize = 8;
     pub const WINDOWS: usize = 4;
 
-    /// Calls `entry` and `windows` with the records of `batch` (of `len`)
-    /// that are that far ahead of record `i`, the one about to be applied.
-    /// At `i == 0` the entries of the first records are hinted too.
-    pub fn ahead(
-        i: usize,
-        len: usize,
-        mut entry: impl FnMut(usize),
-        mut windows: impl FnMut(usize),
-    ) {
+    /// Calls `hint` with the records of a batch (of `len`) that are that
+    /// far ahead of record `i`, the one about to be applied. At `i == 0`
+    /// the first records are hinted too: every record's entry step comes
+    /// before its windows step, and both before it is applied.
+    pub fn ahead(i: usize, len: usize, mut hint: impl FnMut(Step, usize)) {
         if i == 0 {
-            (0..Self::ENTRY.min(len)).for_each(&mut entry);
+            for j in 0..Self::ENTRY.min(len) {
+                hint(Step::Entry, j);
+            }
+            for j in 0..Self::WINDOWS.min(len) {
+                hint(Step::Windows, j);
+            }
         }
         if i + Self::ENTRY < len {
-            entry(i + Self::ENTRY);
+            hint(Step::Entry, i + Self::ENTRY);
         }
         if i + Self::WINDOWS < len {
-            windows(i + Self::WINDOWS);
+            hint(Step::Windows, i + Self::WINDOWS);
         }
     }
+}
+
+/// What hinting a record's entry looked up, for its apply: the duplicate
+/// table's fingerprint of its id and its channel. `Hint::default()` (not
+/// hinted) has everything looked up at apply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hint {
+    /// 0: not computed.
+    fingerprint: u64,
+    channel: Option<ChannelHint>,
 }
 
 pub struct Partition {
@@ -281,6 +301,19 @@ impl Partition {
         wall_ms: i64,
         clock_skew_ms: i64,
     ) -> Result<Applied, Refused> {
+        self.apply_hinted(ev, Hint::default(), offset, wall_ms, clock_skew_ms)
+    }
+
+    /// [`Partition::apply`] with what [`Partition::prefetch_entry`] looked
+    /// up for this record.
+    pub fn apply_hinted(
+        &mut self,
+        ev: &RequestEvent,
+        hint: Hint,
+        offset: i64,
+        wall_ms: i64,
+        clock_skew_ms: i64,
+    ) -> Result<Applied, Refused> {
         let replayed = self.replays(offset);
         if replayed && ev.event_time_ms < self.replay_floor_ms {
             return Ok(Applied::BelowReplayFloor);
@@ -291,7 +324,10 @@ impl Partition {
         };
         if crate::clock::is_ahead(ev.event_time_ms, wall_ms, clock_skew_ms) {
             return Err(
-                match self.engine.apply_live(ev, wall_ms, &mut self.alerts) {
+                match self
+                    .engine
+                    .apply_live_hinted(ev, wall_ms, hint.channel, &mut self.alerts)
+                {
                     Err(e) => refused(e),
                     Ok(()) => Refused {
                         kind: "future_timestamp",
@@ -300,10 +336,20 @@ impl Partition {
                 },
             );
         }
-        if !self.dedup.first_seen(ev.event_id, ev.event_time_ms) {
+        let fingerprint = match hint.fingerprint {
+            0 => self.dedup.fingerprint(ev.event_id),
+            f => f,
+        };
+        if !self
+            .dedup
+            .first_seen_fingerprint(fingerprint, ev.event_time_ms)
+        {
             return Ok(Applied::Duplicate);
         }
-        match self.engine.apply_live(ev, wall_ms, &mut self.alerts) {
+        match self
+            .engine
+            .apply_live_hinted(ev, wall_ms, hint.channel, &mut self.alerts)
+        {
             Ok(()) => Ok(Applied::Applied { replayed }),
             Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
             Err(e) => Err(refused(e)),
@@ -313,15 +359,21 @@ impl Partition {
     /// Hints the memory [`Partition::apply`] reads first for `ev`: its
     /// duplicate-table slot and its channel's entry. A loop over a batch
     /// calls this [`Lookahead::ENTRY`] records ahead of the one it applies.
-    pub fn prefetch_entry(&self, ev: &RequestEvent) {
-        self.dedup.prefetch(ev.event_id);
-        self.engine.prefetch_entry(ev);
+    /// What it looked up is for this record's [`Partition::apply_hinted`]
+    /// (and its [`Partition::prefetch_windows`]), on this partition only.
+    pub fn prefetch_entry(&self, ev: &RequestEvent) -> Hint {
+        let fingerprint = self.dedup.fingerprint(ev.event_id);
+        self.dedup.prefetch(fingerprint);
+        Hint {
+            fingerprint,
+            channel: self.engine.prefetch_entry(ev),
+        }
     }
 
     /// Hints what applying `ev` reads through its channel's entry; called
     /// [`Lookahead::WINDOWS`] records ahead.
-    pub fn prefetch_windows(&self, ev: &RequestEvent) {
-        self.engine.prefetch_windows(ev);
+    pub fn prefetch_windows(&self, ev: &RequestEvent, hint: &Hint) {
+        self.engine.prefetch_windows(ev, hint.channel);
     }
 
     /// The record at `offset` was handled (whatever became of it), at `at`
@@ -532,6 +584,41 @@ mod tests {
         assert_eq!(r.kind, "future_timestamp");
         let unknown = event("nope", t, "e3");
         assert!(p.apply(&unknown, 3, t, 60_000).is_err());
+    }
+
+    /// A batch applied with what its look-ahead found gets the verdicts it
+    /// gets without: duplicates within the batch (hinted before their
+    /// first copy was applied), unknown channels and refusals included.
+    #[test]
+    fn hinted_records_get_the_verdicts_unhinted_ones_get() {
+        let t = 1_764_000_000_000;
+        let batch = [
+            event("free-a", t, "a"),
+            event("paid-a", t + 1, "b"),
+            event("free-a", t + 2, "a"),
+            event("nope", t + 3, "c"),
+            event("paid-a", t + 3_600_000, "d"),
+            event("paid-a", t + 4, "b"),
+            event("free-a", t + 5, "e"),
+        ];
+        let (mut plain, mut hinted) = (partition(0), partition(0));
+        let hints: Vec<Hint> = batch.iter().map(|e| hinted.prefetch_entry(e)).collect();
+        assert!(hints.iter().all(|h| h.fingerprint != 0));
+        assert_eq!(hints[3].channel, None, "an unknown channel has no entry");
+        for (i, (e, h)) in batch.iter().zip(&hints).enumerate() {
+            hinted.prefetch_windows(e, h);
+            let offset = i as i64;
+            let want = plain.apply(e, offset, t, 60_000);
+            assert_eq!(
+                hinted.apply_hinted(e, *h, offset, t, 60_000),
+                want,
+                "record {i}"
+            );
+            plain.handled(offset, Instant::now());
+            hinted.handled(offset, Instant::now());
+        }
+        assert_eq!(hinted.engine.stats().applied, 3);
+        assert_eq!(hinted.dedup.duplicates(), 2);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{Dependency, Metrics};
 use super::overrides::Overrides;
-use super::partition::{Applied, Lookahead, Outputs, Partition, Position, Refused};
+use super::partition::{Applied, Hint, Lookahead, Outputs, Partition, Position, Refused, Step};
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore};
@@ -719,18 +719,16 @@ impl LoopState {
                 Some(d)
             })
             .collect();
+        let mut hints = vec![Hint::default(); batch.len()];
         for i in 0..batch.len() {
-            Lookahead::ahead(
-                i,
-                batch.len(),
-                |j| self.prefetch(&batch[j], &decoded[j], Partition::prefetch_entry),
-                |j| self.prefetch(&batch[j], &decoded[j], Partition::prefetch_windows),
-            );
+            Lookahead::ahead(i, batch.len(), |step, j| {
+                self.prefetch(&batch[j], &decoded[j], step, &mut hints[j])
+            });
             if revoked[i] {
                 continue;
             }
             let pre = decoded[i].take();
-            self.handle_record(consumer, decoder, &batch[i], pre, (wall, at))?;
+            self.handle_record(consumer, decoder, &batch[i], pre, hints[i], (wall, at))?;
         }
         self.store_offsets(consumer)
     }
@@ -752,25 +750,33 @@ impl LoopState {
     }
 
     /// Hints the memory that applying a decoded record reads.
+    /// The entry step keeps what it looked up in `hint`, for the windows
+    /// step and the record's apply.
     fn prefetch(
         &self,
         m: &BorrowedMessage<'_>,
         d: &Option<Decoded<'_>>,
-        hint: fn(&Partition, &RequestEvent),
+        step: Step,
+        hint: &mut Hint,
     ) {
         if let (Some(Decoded::Event(ev)), Some(part)) = (d, self.partitions.get(&m.partition())) {
-            hint(part, ev);
+            match step {
+                Step::Entry => *hint = part.prefetch_entry(ev),
+                Step::Windows => part.prefetch_windows(ev, hint),
+            }
         }
     }
 
-    /// Handles one record; `pre` is its decoding, if done already; `wall`
-    /// and `at` are the batch's clock readings (wall ms, instant).
+    /// Handles one record; `pre` is its decoding, if done already, and
+    /// `hint` what was looked up for it ahead (`Hint::default()`: nothing);
+    /// `wall` and `at` are the batch's clock readings (wall ms, instant).
     fn handle_record(
         &mut self,
         consumer: &RequestConsumer,
         decoder: &Decoder,
         m: &BorrowedMessage<'_>,
         pre: Option<Decoded<'_>>,
+        hint: Hint,
         (wall, at): (i64, Instant),
     ) -> anyhow::Result<()> {
         Metrics::inc(&self.metrics.events_consumed);
@@ -792,7 +798,7 @@ impl LoopState {
             Decoded::Refused(r) => Err(r),
             Decoded::Event(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
-                part.apply(&ev, offset, wall, skew)
+                part.apply_hinted(&ev, hint, offset, wall, skew)
             }
         };
         match &verdict {
