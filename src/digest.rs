@@ -802,7 +802,7 @@ mod tests {
 
     /// One random slice digest as a window keeps it: a crate digest of
     /// compression `size`, narrowed to `f32` centroids.
-    fn slice(rng: &mut Rng, size: usize) -> (Vec<(f32, f32)>, f64, f64, f32, f32) {
+    fn slice(rng: &mut Rng, size: usize) -> Slice {
         let n = 1 + rng.below(120) as usize;
         let spread = [3, 50, 2_000, 60_000][rng.below(4) as usize];
         let base = rng.below(1_000) as f64;
@@ -820,6 +820,46 @@ mod tests {
             t.min().unwrap() as f32,
             t.max().unwrap() as f32,
         )
+    }
+
+    type Slice = (Vec<(f32, f32)>, f64, f64, f32, f32);
+
+    /// Up to `most` random slices of random compressions.
+    fn random_slices(rng: &mut Rng, most: u64) -> Vec<Slice> {
+        (0..1 + rng.below(most))
+            .map(|_| {
+                let size = [5, 25, 25, 100][rng.below(4) as usize];
+                slice(rng, size)
+            })
+            .collect()
+    }
+
+    /// The crate's digest of the slices' centroids widened and their
+    /// summaries summed in order, at `max_size` (`None`: all of them kept).
+    fn crate_digest(slices: &[Slice], max_size: Option<usize>) -> TDigest {
+        let mut all = Vec::new();
+        let (mut sum, mut count) = (0.0, 0.0);
+        let (mut lo, mut hi): (Option<f64>, Option<f64>) = (None, None);
+        for (cs, n, s, mn, mx) in slices {
+            all.extend(
+                cs.iter()
+                    .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64)),
+            );
+            sum += s;
+            count += n;
+            lo = Some(lo.map_or(*mn as f64, |m| m.min(*mn as f64)));
+            hi = Some(hi.map_or(*mx as f64, |m| m.max(*mx as f64)));
+        }
+        let size = max_size.unwrap_or(all.len());
+        TDigest::new(all, sum, count, hi, lo, size)
+    }
+
+    /// Adds each slice as a run, as a window does.
+    fn add_slices(runs: &mut Runs, slices: &[Slice]) {
+        for (cs, n, s, mn, mx) in slices {
+            let pairs: Vec<[f32; 2]> = cs.iter().map(|c| [c.0, c.1]).collect();
+            runs.add(&pairs, *n, *s, *mn as f64, *mx as f64);
+        }
     }
 
     /// `got` is `expected`, bit for bit: centroids and summary.
@@ -847,41 +887,12 @@ mod tests {
     fn same_digest_as_the_crate() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for case in 0..2_000 {
-            let slices: Vec<_> = (0..1 + rng.below(17))
-                .map(|_| {
-                    let size = [5, 25, 25, 100][rng.below(4) as usize];
-                    slice(&mut rng, size)
-                })
-                .collect();
+            let slices = random_slices(&mut rng, 17);
             let max_size = [10, 25, 100, 100][rng.below(4) as usize];
             // What the window did before: every centroid widened, summaries
             // summed in order, `TDigest::new`.
-            let mut all = Vec::new();
-            let (mut sum, mut count) = (0.0, 0.0);
-            let (mut lo, mut hi): (Option<f64>, Option<f64>) = (None, None);
-            for (cs, n, s, mn, mx) in &slices {
-                all.extend(
-                    cs.iter()
-                        .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64)),
-                );
-                sum += s;
-                count += n;
-                lo = Some(lo.map_or(*mn as f64, |m| m.min(*mn as f64)));
-                hi = Some(hi.map_or(*mx as f64, |m| m.max(*mx as f64)));
-            }
-            let expected = TDigest::new(all, sum, count, hi, lo, max_size);
-            let got = gather(max_size, |runs| {
-                for (cs, n, s, mn, mx) in &slices {
-                    runs.add(
-                        &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
-                        *n,
-                        *s,
-                        *mn as f64,
-                        *mx as f64,
-                    );
-                }
-            })
-            .unwrap();
+            let expected = crate_digest(&slices, Some(max_size));
+            let got = gather(max_size, |runs| add_slices(runs, &slices)).unwrap();
             same(&got, &expected, case);
             for q in [0.0, 0.01, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
                 let (a, b) = (got.estimate_quantile(q), expected.estimate_quantile(q));
@@ -901,46 +912,18 @@ mod tests {
             0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.5001, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0,
         ];
         for case in 0..2_000 {
-            let slices: Vec<_> = (0..1 + rng.below(30))
-                .map(|_| {
-                    let size = [5, 25, 25, 100][rng.below(4) as usize];
-                    slice(&mut rng, size)
-                })
-                .collect();
-            let mut all = Vec::new();
-            let (mut sum, mut count) = (0.0, 0.0);
-            let (mut lo, mut hi): (Option<f64>, Option<f64>) = (None, None);
-            for (cs, n, s, mn, mx) in &slices {
-                all.extend(
-                    cs.iter()
-                        .map(|c| tdigest::Centroid::new(c.0 as f64, c.1 as f64)),
-                );
-                sum += s;
-                count += n;
-                lo = Some(lo.map_or(*mn as f64, |m| m.min(*mn as f64)));
-                hi = Some(hi.map_or(*mx as f64, |m| m.max(*mx as f64)));
-            }
-            let size = all.len();
-            let expected = TDigest::new(all, sum, count, hi, lo, size);
-            let make = || {
-                view(|runs| {
-                    for (cs, n, s, mn, mx) in &slices {
-                        runs.add(
-                            &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
-                            *n,
-                            *s,
-                            *mn as f64,
-                            *mx as f64,
-                        );
-                    }
-                })
-                .unwrap()
-            };
+            let slices = random_slices(&mut rng, 30);
+            // Kept whole: a size that holds every centroid.
+            let expected = crate_digest(&slices, None);
+            let make = || view(|runs| add_slices(runs, &slices)).unwrap();
             // The same view asked in turn (sorted by a middle quantile
             // partway), and a fresh view per quantile.
             let mut shared = make();
-            assert_eq!(shared.count(), count);
-            assert_eq!((shared.min(), shared.max()), (lo.unwrap(), hi.unwrap()));
+            assert_eq!(shared.count(), expected.count());
+            assert_eq!(
+                (Some(shared.min()), Some(shared.max())),
+                (expected.min(), expected.max())
+            );
             let start = rng.below(qs.len() as u64) as usize;
             for i in 0..qs.len() {
                 let q = qs[(start + i) % qs.len()];
