@@ -35,7 +35,7 @@ pub fn state_key(group: &str) -> String {
 /// read by every instance (`service::overrides`).
 pub const OVERRIDES_KEY: &str = "hermes:overrides";
 
-/// The fenced write. KEYS[1]: the snapshot key; KEYS[2]: the group's epoch
+/// The fenced write. `KEYS[1]`: the snapshot key; `KEYS[2]`: the group's epoch
 /// key. ARGV: epoch, version, heartbeat_ms, snapshot JSON, change channel.
 /// Returns `{outcome, stored_epoch, stored_version}` with outcome one of
 /// `written` (new version stored and announced), `heartbeat` (same version,
@@ -74,8 +74,8 @@ redis.call('PUBLISH', ARGV[5], ARGV[2])
 return {'written', epoch, version}
 "#;
 
-/// Takes the next writer epoch of a group. KEYS[1]: the epoch key; KEYS[2]:
-/// the snapshot key. ARGV[1]: the writer's wall clock in ms. Returns
+/// Takes the next writer epoch of a group. `KEYS[1]`: the epoch key; `KEYS[2]`:
+/// the snapshot key. `ARGV[1]`: the writer's wall clock in ms. Returns
 /// `{epoch, stored snapshot or false}`.
 ///
 /// The epoch must never go backwards, or gateways that saw a higher one
