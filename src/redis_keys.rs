@@ -105,7 +105,7 @@ redis.call('SET', KEYS[1], epoch)
 return {epoch, stored or false}
 "#;
 
-/// Keeps the newest saved state machine of a channel. KEYS[1]: the group's
+/// Keeps the newest saved state machine of a channel. `KEYS[1]`: the group's
 /// state hash; ARGV: channel, saved_at_ms, JSON. A write older (by event
 /// time) than the stored one is refused (returns 0).
 pub const KEEP_NEWEST_LUA: &str = r#"
