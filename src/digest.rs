@@ -257,7 +257,8 @@ impl ViewDigest {
             return bounds.0;
         }
         if q > TAIL && q < 1.0 - TAIL && self.runs.starts.len() > 1 {
-            self.runs.sort();
+            // In order since `view` made them so.
+            self.runs.merge_runs();
         }
         let mut walk = Walk::new(&mut self.runs, descending);
         // The centroid walked before the current one, and the one before
@@ -428,9 +429,13 @@ impl Runs {
     /// Puts `items` in order: merges the runs pairwise, or sorts them all
     /// when a run is out of order.
     fn sort(&mut self) {
-        if !self.order_runs() {
-            return;
+        if self.order_runs() {
+            self.merge_runs();
         }
+    }
+
+    /// Merges runs known to be in order pairwise into one.
+    fn merge_runs(&mut self) {
         let n = self.items.len();
         self.spare.clear();
         self.spare.resize(n, 0);

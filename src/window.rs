@@ -630,7 +630,7 @@ impl SliceRing {
             return;
         }
         // Oldest first; a slot keeps its buffer for the slice that takes
-        // it next (`digests_of`).
+        // it next (`digests_of`) while the channel has newer slices.
         while let Some((index, f)) = (0..self.fine.len())
             .filter(|&f| self.fine_indices[f] != i64::MIN && self.fine_indices[f] <= through)
             .map(|f| (self.fine_indices[f], f))
@@ -644,7 +644,14 @@ impl SliceRing {
             self.panes[i]
                 .hold(index)
                 .merge_from(&self.fine[f], self.pane_size);
-            self.fine[f].clear();
+            if self.last.0 > through {
+                self.fine[f].clear();
+            } else {
+                // Nothing newer has come: a quiet channel frees its
+                // slots' buffers rather than keep them for slices that
+                // may never come.
+                self.fine[f] = SliceDigests::default();
+            }
         }
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;

@@ -719,7 +719,8 @@ impl LoopState {
                 Some(d)
             })
             .collect();
-        let mut hints = vec![Hint::default(); batch.len()];
+        debug_assert!(batch.len() <= POLL_BATCH);
+        let mut hints = [Hint::default(); POLL_BATCH];
         for i in 0..batch.len() {
             Lookahead::ahead(i, batch.len(), |step, j| {
                 self.prefetch(&batch[j], &decoded[j], step, &mut hints[j])
