@@ -27,6 +27,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
+use std::thread::LocalKey;
 
 /// A centroid: the mean of `weight` values.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -296,7 +297,7 @@ impl Drop for ViewDigest {
     fn drop(&mut self) {
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
-        let _ = VIEW_RUNS.try_with(|pool| pool.borrow_mut().push(runs));
+        keep_spare(&VIEW_RUNS, runs);
     }
 }
 
@@ -660,29 +661,39 @@ fn compress(
 /// values, several times a slice per channel: a fresh allocation each time
 /// was a tenth of that work.
 fn spare_centroids(capacity: usize) -> Vec<Centroid> {
-    let mut v = SPARE_CENTROIDS
-        .try_with(|spare| spare.borrow_mut().pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let mut v = take_spare(&SPARE_CENTROIDS);
     v.clear();
     v.reserve(capacity);
     v
 }
 
-/// Buffers kept for reuse per thread.
+/// Buffers kept for reuse per thread and kind.
 const SPARE_KEPT: usize = 8;
+
+/// A buffer from this thread's `pool`, or a new one.
+fn take_spare<T: Default>(pool: &'static LocalKey<RefCell<Vec<T>>>) -> T {
+    pool.try_with(|p| p.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Gives a buffer back to this thread's `pool` (dropped if it is full, or
+/// if the thread is exiting).
+fn keep_spare<T>(pool: &'static LocalKey<RefCell<Vec<T>>>, buffer: T) {
+    let _ = pool.try_with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < SPARE_KEPT {
+            p.push(buffer);
+        }
+    });
+}
 
 impl Drop for MergedDigest {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.centroids);
         if v.capacity() > 0 {
-            let _ = SPARE_CENTROIDS.try_with(|spare| {
-                let mut spare = spare.borrow_mut();
-                if spare.len() < SPARE_KEPT {
-                    spare.push(v);
-                }
-            });
+            keep_spare(&SPARE_CENTROIDS, v);
         }
     }
 }
@@ -734,11 +745,7 @@ thread_local! {
 /// `fill` added nothing). Its buffers are this thread's, reused once the
 /// view is dropped.
 pub fn view(fill: impl FnOnce(&mut Runs)) -> Option<ViewDigest> {
-    let mut runs = VIEW_RUNS
-        .try_with(|pool| pool.borrow_mut().pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+    let mut runs = take_spare(&VIEW_RUNS);
     runs.clear();
     fill(&mut runs);
     // A walk takes runs in order.
