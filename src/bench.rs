@@ -309,7 +309,8 @@ fn apply_batch(part: &mut Partition, batch: &[RequestEvent<'_>], offset: &mut i6
     let mut hints = [Hint::default(); PAUSE_BATCH];
     for (i, ev) in batch.iter().enumerate() {
         Lookahead::ahead(i, batch.len(), |step, j| match step {
-            Step::Entry => hints[j % PAUSE_BATCH] = part.prefetch_entry(&batch[j]),
+            Step::Lookup => hints[j % PAUSE_BATCH] = part.prefetch_lookup(&batch[j]),
+            Step::Entry => part.prefetch_entry(&batch[j], &mut hints[j % PAUSE_BATCH]),
             Step::Windows => part.prefetch_windows(&batch[j], &hints[j % PAUSE_BATCH]),
         });
         step(part, ev, hints[i % PAUSE_BATCH], *offset, skew, at);

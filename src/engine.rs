@@ -31,8 +31,10 @@ use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
 use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
 use crate::health::ChannelHealth;
+use crate::id_table::IdTable;
 use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
 use crate::score::{intermittent, optimistic, pessimistic, score, Score};
+use crate::short_str::ShortStr;
 use crate::signals::{baseline_point, measure, Horizon, SignalKind, Signals};
 use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
@@ -93,6 +95,16 @@ pub struct ChannelHint {
     idx: ChannelIdx,
 }
 
+/// The table of `channels`' ids to their indexes.
+fn id_table(channels: &[ChannelRuntime]) -> IdTable {
+    IdTable::new(
+        channels
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.cfg.id.as_str(), i as ChannelIdx)),
+    )
+}
+
 /// A number no other engine's channel table has had in this process.
 fn next_generation() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -115,6 +127,8 @@ pub struct EngineStats {
 
 struct ChannelRuntime {
     cfg: ChannelConfig,
+    /// `cfg.group`, inline: every event is checked against it.
+    group_id: ShortStr,
     /// Position of the channel's group in the config (`Engine::safety`).
     group_idx: usize,
     ring: SliceRing,
@@ -198,6 +212,7 @@ impl ChannelRuntime {
     fn new(c: &ChannelConfig, group_idx: usize, e: &crate::config::EngineConfig) -> ChannelRuntime {
         ChannelRuntime {
             cfg: c.clone(),
+            group_id: ShortStr::new(&c.group),
             group_idx,
             ring: SliceRing::new(e.ring_shape()),
             outcomes: OutcomeWindow::new(e.outcome_window),
@@ -227,7 +242,7 @@ impl ChannelRuntime {
 pub struct Engine {
     cfg: Arc<Config>,
     channels: Vec<ChannelRuntime>,
-    by_id: ahash::AHashMap<Box<str>, ChannelIdx>,
+    by_id: IdTable,
     /// Changes whenever `by_id` may: a [`ChannelHint`] from another
     /// generation is looked up again.
     generation: u64,
@@ -282,11 +297,9 @@ impl Engine {
     fn build(cfg: Arc<Config>, evaluate_unseen: bool) -> Engine {
         let e = &cfg.engine;
         let mut channels = Vec::new();
-        let mut by_id = ahash::AHashMap::new();
         let mut group_channels = vec![Vec::new(); cfg.groups.len()];
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
-                by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
                 group_channels[gi].push(channels.len());
                 channels.push(ChannelRuntime::new(c, gi, e));
             }
@@ -305,8 +318,8 @@ impl Engine {
             jump: crate::clock::JumpGuard::default(),
             rules: AlertRules::new(cfg.alerts.clone()),
             cfg,
+            by_id: id_table(&channels),
             channels,
-            by_id,
             generation: next_generation(),
             watermark_ms: None,
             first_event_ms: None,
@@ -329,19 +342,29 @@ impl Engine {
         self.channels.len()
     }
     pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
-        self.by_id.get(id).copied()
+        self.by_id.get(id)
     }
 
-    /// Hints the parts of `ev`'s channel entry that applying it reads (see
-    /// [`crate::prefetch`]); the first of two steps, well ahead.
-    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>) -> Option<ChannelHint> {
+    /// Hints where [`Engine::prefetch_entry`] will look `ev`'s channel up,
+    /// and returns the id's hash it takes; the first of three steps.
+    pub fn prefetch_lookup(&self, ev: &RequestEvent<'_>) -> u64 {
+        let hash = self.by_id.hash(ev.channel_id);
+        self.by_id.prefetch(hash);
+        hash
+    }
+
+    /// Looks `ev`'s channel up (`id_hash`: its [`Engine::prefetch_lookup`])
+    /// and hints the parts of its entry that applying it reads (see
+    /// [`crate::prefetch`]); the second step, once the lookup's slot had
+    /// time to load.
+    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>, id_hash: u64) -> Option<ChannelHint> {
         use crate::prefetch::value;
-        let idx = *self.by_id.get(ev.channel_id)?;
+        let idx = self.by_id.get_hashed(ev.channel_id, id_hash)?;
         let ch = &self.channels[idx as usize];
         value(&ch.ring);
         value(&ch.outcomes);
         value(&ch.streak);
-        value(&ch.cfg.group);
+        ch.group_id.prefetch();
         value(&ch.last_event_ms);
         value(&ch.frozen_until_ms);
         Some(ChannelHint {
@@ -355,14 +378,14 @@ impl Engine {
     fn channel_of(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) -> Option<ChannelIdx> {
         let idx = match hint {
             Some(h) if h.generation == self.generation => h.idx,
-            _ => *self.by_id.get(ev.channel_id)?,
+            _ => self.by_id.get(ev.channel_id)?,
         };
         debug_assert_eq!(self.channels[idx as usize].cfg.id, ev.channel_id);
         Some(idx)
     }
 
     /// Hints what applying `ev` reads through its channel's entry: its
-    /// slice, staging buffers, outcome window and group name. The second
+    /// slice, staging buffers and outcome window. The second
     /// step, once [`Engine::prefetch_entry`] had time to load the entry.
     pub fn prefetch_windows(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) {
         let Some(idx) = self.channel_of(ev, hint) else {
@@ -371,7 +394,6 @@ impl Engine {
         let ch = &self.channels[idx as usize];
         ch.ring.prefetch(ev.event_time_ms);
         ch.outcomes.prefetch();
-        crate::prefetch::lines(ch.cfg.group.as_ptr(), ch.cfg.group.len());
     }
 
     /// Warm once a short window of event time has been seen: before that the
@@ -494,7 +516,7 @@ impl Engine {
         self.check_plausible(ev)?;
         self.check_clock(ev, reference)?;
         let ch = &self.channels[idx as usize];
-        if ch.cfg.group != ev.route_group {
+        if ch.group_id != *ev.route_group {
             self.stats.group_mismatch += 1;
             return Err(ApplyError::GroupMismatch {
                 channel: ev.channel_id.to_string(),
@@ -1070,15 +1092,14 @@ impl Engine {
             .map(|c| (c.cfg.id.clone(), c))
             .collect();
         let mut channels = Vec::new();
-        let mut by_id = ahash::AHashMap::new();
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
                 let mut rt = old
                     .remove(&c.id)
                     .unwrap_or_else(|| ChannelRuntime::new(c, gi, &cfg.engine));
                 rt.cfg = c.clone();
+                rt.group_id = ShortStr::new(&c.group);
                 rt.group_idx = gi;
-                by_id.insert(c.id.clone().into_boxed_str(), channels.len() as ChannelIdx);
                 channels.push(rt);
             }
         }
@@ -1095,8 +1116,8 @@ impl Engine {
             })
             .collect();
         self.safety = safety;
+        self.by_id = id_table(&channels);
         self.channels = channels;
-        self.by_id = by_id;
         self.generation = next_generation();
         if cfg.alerts != self.cfg.alerts {
             // Dedup memory starts over with new alert rules.
@@ -1688,7 +1709,7 @@ mod tests {
     #[test]
     fn a_channel_hint_from_before_a_reload_is_not_taken() {
         let mut e = engine();
-        let hint = e.prefetch_entry(&ev("paid-a", T0));
+        let hint = e.prefetch_entry(&ev("paid-a", T0), e.prefetch_lookup(&ev("paid-a", T0)));
         assert_eq!(hint.map(|h| h.idx), e.channel_index("paid-a"));
         let swapped = Arc::new(Config::single_group(
             "chat",
@@ -1705,7 +1726,7 @@ mod tests {
         assert!(e.has_events(e.channel_index("paid-a").unwrap()));
         assert!(!e.has_events(e.channel_index("free-a").unwrap()));
         // A hint of the engine as it is is taken.
-        let fresh = e.prefetch_entry(&ev("free-a", T0));
+        let fresh = e.prefetch_entry(&ev("free-a", T0), e.prefetch_lookup(&ev("free-a", T0)));
         e.apply_live_hinted(&ev("free-a", T0), T0, fresh, &mut out)
             .unwrap();
         assert!(e.has_events(e.channel_index("free-a").unwrap()));
@@ -1806,6 +1827,36 @@ mod tests {
         let mut x = ev("paid-a", T0);
         x.route_group = "other";
         assert_eq!(e.apply(&x, &mut out).unwrap_err().kind(), "group_mismatch");
+    }
+
+    /// A reload that moves a channel to another group checks its events
+    /// against the new group (ids of any length).
+    #[test]
+    fn a_channel_moved_to_another_group_is_checked_against_it() {
+        let long = "a-route-group-id-longer-than-any-inline-buffer";
+        let cfg = |group: &str| {
+            Arc::new(
+                Config::from_toml(&format!(
+                    "[[groups]]\nid = \"{group}\"\n[[groups.channels]]\nid = \"c1\"\n\
+                     tier = \"free\"\nprice_per_1k_tokens = 0.0\ncapacity_rps = 10.0\n"
+                ))
+                .unwrap(),
+            )
+        };
+        let mut e = Engine::new(cfg("a"));
+        let mut out = Vec::new();
+        let mut x = ev("c1", T0);
+        x.route_group = "a";
+        e.apply(&x, &mut out).unwrap();
+        for group in [long, "b"] {
+            e.reconfigure(cfg(group)).unwrap();
+            let err = e.apply(&x, &mut out).unwrap_err();
+            assert_eq!(err.kind(), "group_mismatch", "{group}");
+            let mut moved = ev("c1", T0);
+            moved.route_group = group;
+            e.apply(&moved, &mut out).unwrap();
+            x.route_group = group;
+        }
     }
 
     /// Two groups, `phases` phases: which channels each phase evaluates.

@@ -81,6 +81,8 @@ pub struct Lookahead;
 /// Which memory a look-ahead step hints (see [`Lookahead::ahead`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// [`Partition::prefetch_lookup`], which also hashes the record's ids.
+    Lookup,
     /// [`Partition::prefetch_entry`], which also looks the record up.
     Entry,
     /// [`Partition::prefetch_windows`].
@@ -88,38 +90,45 @@ pub enum Step {
 }
 
 impl Lookahead {
+    pub const LOOKUP: usize = 12;
     pub const ENTRY: usize = 8;
     pub const WINDOWS: usize = 4;
 
     /// Calls `hint` with the records of a batch (of `len`) that are that
     /// far ahead of record `i`, the one about to be applied. At `i == 0`
-    /// the first records are hinted too: every record's entry step comes
-    /// before its windows step, and both before it is applied.
+    /// the first records are hinted too: every record's steps come in
+    /// order (lookup, entry, windows), and all before it is applied.
     pub fn ahead(i: usize, len: usize, mut hint: impl FnMut(Step, usize)) {
+        let steps = [
+            (Step::Lookup, Self::LOOKUP),
+            (Step::Entry, Self::ENTRY),
+            (Step::Windows, Self::WINDOWS),
+        ];
         if i == 0 {
-            for j in 0..Self::ENTRY.min(len) {
-                hint(Step::Entry, j);
-            }
-            for j in 0..Self::WINDOWS.min(len) {
-                hint(Step::Windows, j);
+            for (step, distance) in steps {
+                for j in 0..distance.min(len) {
+                    hint(step, j);
+                }
             }
         }
-        if i + Self::ENTRY < len {
-            hint(Step::Entry, i + Self::ENTRY);
-        }
-        if i + Self::WINDOWS < len {
-            hint(Step::Windows, i + Self::WINDOWS);
+        for (step, distance) in steps {
+            if i + distance < len {
+                hint(step, i + distance);
+            }
         }
     }
 }
 
-/// What hinting a record's entry looked up, for its apply: the duplicate
-/// table's fingerprint of its id and its channel. `Hint::default()` (not
-/// hinted) has everything looked up at apply.
+/// What hinting a record looked up, for its later steps and its apply:
+/// the duplicate table's fingerprint of its id, its channel id's hash and
+/// its channel. `Hint::default()` (not hinted) has everything looked up at
+/// apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Hint {
     /// 0: not computed.
     fingerprint: u64,
+    /// The engine's hash of the channel id.
+    id_hash: Option<u64>,
     channel: Option<ChannelHint>,
 }
 
@@ -304,8 +313,8 @@ impl Partition {
         self.apply_hinted(ev, Hint::default(), offset, wall_ms, clock_skew_ms)
     }
 
-    /// [`Partition::apply`] with what [`Partition::prefetch_entry`] looked
-    /// up for this record.
+    /// [`Partition::apply`] with what hinting this record looked up
+    /// ([`Partition::prefetch_lookup`] and the steps after it).
     pub fn apply_hinted(
         &mut self,
         ev: &RequestEvent,
@@ -357,17 +366,28 @@ impl Partition {
     }
 
     /// Hints the memory [`Partition::apply`] reads first for `ev`: its
-    /// duplicate-table slot and its channel's entry. A loop over a batch
-    /// calls this [`Lookahead::ENTRY`] records ahead of the one it applies.
-    /// What it looked up is for this record's [`Partition::apply_hinted`]
-    /// (and its [`Partition::prefetch_windows`]), on this partition only.
-    pub fn prefetch_entry(&self, ev: &RequestEvent) -> Hint {
+    /// duplicate-table slot and where its channel is looked up. A loop over
+    /// a batch calls this [`Lookahead::LOOKUP`] records ahead of the one it
+    /// applies. What it computed is for this record's later steps and its
+    /// [`Partition::apply_hinted`], on this partition only.
+    pub fn prefetch_lookup(&self, ev: &RequestEvent) -> Hint {
         let fingerprint = self.dedup.fingerprint(ev.event_id);
         self.dedup.prefetch(fingerprint);
         Hint {
             fingerprint,
-            channel: self.engine.prefetch_entry(ev),
+            id_hash: Some(self.engine.prefetch_lookup(ev)),
+            channel: None,
         }
+    }
+
+    /// Looks `ev`'s channel up and hints its entry; called
+    /// [`Lookahead::ENTRY`] records ahead, on the `hint` its
+    /// [`Partition::prefetch_lookup`] returned (or a default one).
+    pub fn prefetch_entry(&self, ev: &RequestEvent, hint: &mut Hint) {
+        if hint.id_hash.is_none() {
+            *hint = self.prefetch_lookup(ev);
+        }
+        hint.channel = hint.id_hash.and_then(|h| self.engine.prefetch_entry(ev, h));
     }
 
     /// Hints what applying `ev` reads through its channel's entry; called
@@ -602,7 +622,14 @@ mod tests {
             event("free-a", t + 5, "e"),
         ];
         let (mut plain, mut hinted) = (partition(0), partition(0));
-        let hints: Vec<Hint> = batch.iter().map(|e| hinted.prefetch_entry(e)).collect();
+        let hints: Vec<Hint> = batch
+            .iter()
+            .map(|e| {
+                let mut h = hinted.prefetch_lookup(e);
+                hinted.prefetch_entry(e, &mut h);
+                h
+            })
+            .collect();
         assert!(hints.iter().all(|h| h.fingerprint != 0));
         assert_eq!(hints[3].channel, None, "an unknown channel has no entry");
         for (i, (e, h)) in batch.iter().zip(&hints).enumerate() {

@@ -762,7 +762,8 @@ impl LoopState {
     ) {
         if let (Some(Decoded::Event(ev)), Some(part)) = (d, self.partitions.get(&m.partition())) {
             match step {
-                Step::Entry => *hint = part.prefetch_entry(ev),
+                Step::Lookup => *hint = part.prefetch_lookup(ev),
+                Step::Entry => part.prefetch_entry(ev, hint),
                 Step::Windows => part.prefetch_windows(ev, hint),
             }
         }
