@@ -125,16 +125,34 @@ pub struct EngineStats {
     pub unsent: u64,
 }
 
+/// One channel's state. `repr(C)` keeps the fields every event reads
+/// (admitting and recording it) together at the start, then the ring, whose
+/// own hot fields come first: [`ChannelRuntime::prefetch_hot`] hints only
+/// those lines, not a dozen scattered over the entry (see
+/// [`crate::prefetch`]). Everything after is read by evaluation ticks.
+#[repr(C)]
 struct ChannelRuntime {
-    cfg: ChannelConfig,
+    // --- read by every event ---
     /// `cfg.group`, inline: every event is checked against it.
     group_id: ShortStr,
-    /// Position of the channel's group in the config (`Engine::safety`).
-    group_idx: usize,
-    ring: SliceRing,
+    last_event_ms: Option<i64>,
+    /// Restored state: up to this event time the machine already reflects
+    /// what a replay feeds the windows, so it does not step again.
+    frozen_until_ms: Option<i64>,
+    /// Latest unsent-request report naming this channel (demand only).
+    last_unsent_ms: Option<i64>,
     outcomes: OutcomeWindow,
     streak: FailureStreak,
     probe_streak: u32,
+    /// `cfg.quota.is_some()`: events are counted against it.
+    counts_quota: bool,
+    /// In [`Engine::touched`] already.
+    touched: bool,
+    ring: SliceRing,
+    // --- read by evaluation ticks and changes ---
+    cfg: ChannelConfig,
+    /// Position of the channel's group in the config (`Engine::safety`).
+    group_idx: usize,
     baseline: Baseline,
     machine: StateMachine,
     score: Option<Score>,
@@ -142,18 +160,10 @@ struct ChannelRuntime {
     score_low: Option<f64>,
     score_high: Option<f64>,
     signals: Signals,
-    last_event_ms: Option<i64>,
-    /// Latest unsent-request report naming this channel (demand only).
-    last_unsent_ms: Option<i64>,
     next_baseline_ms: Option<i64>,
-    /// Restored state: up to this event time the machine already reflects
-    /// what a replay feeds the windows, so it does not step again.
-    frozen_until_ms: Option<i64>,
     /// The configured quota's use in the current period, for gateways that
     /// do not report `quota_remaining`.
     quota: QuotaUse,
-    /// In [`Engine::touched`] already.
-    touched: bool,
 }
 
 /// Attempts counted against a channel's configured `quota` per period
@@ -213,6 +223,7 @@ impl ChannelRuntime {
         ChannelRuntime {
             cfg: c.clone(),
             group_id: ShortStr::new(&c.group),
+            counts_quota: c.quota.is_some(),
             group_idx,
             ring: SliceRing::new(e.ring_shape()),
             outcomes: OutcomeWindow::new(e.outcome_window),
@@ -231,6 +242,15 @@ impl ChannelRuntime {
             quota: QuotaUse::default(),
             touched: false,
         }
+    }
+
+    /// Hints the lines of the entry that admitting and recording an event
+    /// read: the fields before the ring and the ring's own hot fields.
+    #[inline]
+    fn prefetch_hot(&self) {
+        let bytes = std::mem::offset_of!(ChannelRuntime, ring) + SliceRing::HOT_BYTES;
+        crate::prefetch::lines(self as *const ChannelRuntime, bytes);
+        self.group_id.prefetch_heap();
     }
 
     fn frozen_at(&self, t: i64) -> bool {
@@ -358,15 +378,8 @@ impl Engine {
     /// [`crate::prefetch`]); the second step, once the lookup's slot had
     /// time to load.
     pub fn prefetch_entry(&self, ev: &RequestEvent<'_>, id_hash: u64) -> Option<ChannelHint> {
-        use crate::prefetch::value;
         let idx = self.by_id.get_hashed(ev.channel_id, id_hash)?;
-        let ch = &self.channels[idx as usize];
-        value(&ch.ring);
-        value(&ch.outcomes);
-        value(&ch.streak);
-        ch.group_id.prefetch();
-        value(&ch.last_event_ms);
-        value(&ch.frozen_until_ms);
+        self.channels[idx as usize].prefetch_hot();
         Some(ChannelHint {
             generation: self.generation,
             idx,
@@ -392,7 +405,7 @@ impl Engine {
             return;
         };
         let ch = &self.channels[idx as usize];
-        ch.ring.prefetch(ev.event_time_ms);
+        ch.ring.prefetch(ev);
         ch.outcomes.prefetch();
     }
 
@@ -540,7 +553,7 @@ impl Engine {
             ch.last_unsent_ms = Some(ch.last_unsent_ms.map_or(t, |l| l.max(t)));
             return None;
         }
-        if ch.cfg.quota.is_some() && ev.quota_remaining.is_none() {
+        if ch.counts_quota && ev.quota_remaining.is_none() {
             ch.quota.record(t, ch.cfg.quota_period_ms);
         }
         ch.last_event_ms = Some(ch.last_event_ms.map_or(t, |l| l.max(t)));
@@ -1099,6 +1112,7 @@ impl Engine {
                     .unwrap_or_else(|| ChannelRuntime::new(c, gi, &cfg.engine));
                 rt.cfg = c.clone();
                 rt.group_id = ShortStr::new(&c.group);
+                rt.counts_quota = c.quota.is_some();
                 rt.group_idx = gi;
                 channels.push(rt);
             }

@@ -50,10 +50,10 @@ impl ShortStr {
         }
     }
 
-    /// Hints the memory a compare reads (see [`crate::prefetch`]).
+    /// Hints the heap block of a long string (see [`crate::prefetch`]);
+    /// a short one has none.
     #[inline(always)]
-    pub fn prefetch(&self) {
-        crate::prefetch::value(self);
+    pub fn prefetch_heap(&self) {
         if let ShortStr::Heap(s) = self {
             crate::prefetch::lines(s.as_ptr(), s.len());
         }

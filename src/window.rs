@@ -166,13 +166,16 @@ pub enum Digest {
     OutputTokens,
 }
 
+/// One slice's counters. `repr(C)`: what a real (not probe) event counts
+/// comes first, [`Slice::REAL_BYTES`] of it.
 #[derive(Clone)]
+#[repr(C)]
 struct Slice {
     real: Counters,
-    probe: Counters,
     /// Real requests and tokens per traffic class (scheduler demand).
     class_requests: [u32; 4],
     class_tokens: [u64; 4],
+    probe: Counters,
     /// Requests per traffic class the gateways did not send (demand only).
     class_unsent: [u32; 4],
     /// Last quota report in this slice: its event time (`i64::MIN`: none;
@@ -183,6 +186,8 @@ struct Slice {
 }
 
 impl Slice {
+    const REAL_BYTES: usize = std::mem::offset_of!(Slice, probe);
+
     fn empty() -> Slice {
         Slice {
             real: Counters::default(),
@@ -307,18 +312,37 @@ pub struct ViewCounters {
     pub class_unsent: [u32; 4],
 }
 
-/// The time-sliced ring of one channel.
+/// The time-sliced ring of one channel. `repr(C)`: the fields recording an
+/// event reads come first, [`SliceRing::HOT_BYTES`] of them.
+#[repr(C)]
 pub struct SliceRing {
+    // --- read by every event ---
+    /// The slice the last event landed in: (number, start ms, slot). Events
+    /// of a channel nearly always land in the same slice as the previous one,
+    /// and this saves the two 64-bit divisions per event on the hot path.
+    last: (i64, i64, usize),
+    /// Values waiting to be merged into the digests of slice `stage.0` in
+    /// slot `stage.1`, per kind (`STAGED` order). One small reused buffer
+    /// per channel instead of t-digest's 5 × size push buffer per digest per
+    /// slice: that allocated tens of MB of fresh memory per thousand
+    /// channels. Drained when full, when events move to another slice, and
+    /// before every query.
+    stage: (i64, usize),
     slice_ms: i64,
     /// Empty until the first event, then `len` slots.
     slices: Vec<Slice>,
-    len: usize,
-    /// Compression of slice digests.
-    slice_size: usize,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
     indices: Vec<i64>,
+    staged: [Vec<f32>; 5],
+    long_input_tokens: i32,
+    short_output_tokens: i32,
+    slow_request_ms: i32,
+    // --- read when slices change and by queries ---
+    len: usize,
+    /// Compression of slice digests.
+    slice_size: usize,
     /// The digests of the slices still in the short view: slice `s` in
     /// slot `s % short_slices` (`fine_indices` says which slice a slot
     /// holds). A slice leaving the short view is merged into its pane.
@@ -335,21 +359,6 @@ pub struct SliceRing {
     short_slices: usize,
     pane_slices: i64,
     pane_size: usize,
-    /// The slice the last event landed in: (number, start ms, slot). Events
-    /// of a channel nearly always land in the same slice as the previous one,
-    /// and this saves the two 64-bit divisions per event on the hot path.
-    last: (i64, i64, usize),
-    /// Values waiting to be merged into the digests of slice `stage.0` in
-    /// slot `stage.1`, per kind (`STAGED` order). One small reused buffer
-    /// per channel instead of t-digest's 5 × size push buffer per digest per
-    /// slice: that allocated tens of MB of fresh memory per thousand
-    /// channels. Drained when full, when events move to another slice, and
-    /// before every query.
-    stage: (i64, usize),
-    staged: [Vec<f32>; 5],
-    long_input_tokens: i32,
-    short_output_tokens: i32,
-    slow_request_ms: i32,
 }
 
 /// The merged digests of the slices `lo..=hi`; `held` is the range of
@@ -385,6 +394,10 @@ pub struct RingShape {
 }
 
 impl SliceRing {
+    /// Bytes from the start of a ring that recording an event reads (its
+    /// fields up to `len`), at steady state.
+    pub const HOT_BYTES: usize = std::mem::offset_of!(SliceRing, len);
+
     pub fn new(cfg: RingShape) -> SliceRing {
         let size = cfg.slice_tdigest_size as usize;
         SliceRing {
@@ -490,7 +503,6 @@ impl SliceRing {
             &mut s.real
         };
         c.count(ev, long, slow_request_ms, short_output_tokens);
-        let failed = ev.error_class.is_error();
         let tokens = ev.input_tokens as u64 + ev.output_tokens as u64;
         if let Some(q) = ev.quota_remaining {
             if ev.event_time_ms >= s.quota_at_ms {
@@ -502,45 +514,65 @@ impl SliceRing {
             s.class_requests[class] += 1;
             s.class_tokens[class] += tokens;
         }
-        self.stage(ev, long, failed);
+        self.stage(ev);
         if self.staged.iter().any(|v| v.len() >= STAGE_CAPACITY) {
             self.drain_stage();
         }
         true
     }
 
-    /// Hints what [`SliceRing::record`] touches for an event at `t` that
-    /// lands in the slice the last event landed in (nearly every event at
-    /// steady state): the slice's counters and where each staging buffer
-    /// takes its next value (see [`crate::prefetch`]). It reads the ring's
-    /// own fields: hint those first ([`crate::prefetch::value`]).
-    pub fn prefetch(&self, t: i64) {
-        if self.slices.is_empty() || !self.in_last_slice(t) {
+    /// Hints what [`SliceRing::record`] touches for `ev` when it lands in
+    /// the slice the last event landed in (nearly every event at steady
+    /// state): the slice's counters it adds to and where the staging
+    /// buffers it adds to take their next value (see [`crate::prefetch`]).
+    /// It reads the ring's hot fields: hint those first
+    /// ([`SliceRing::HOT_BYTES`]).
+    pub fn prefetch(&self, ev: &RequestEvent<'_>) {
+        if self.slices.is_empty() || !self.in_last_slice(ev.event_time_ms) {
             return;
         }
         let slot = self.last.2;
-        crate::prefetch::value(&self.slices[slot]);
+        let slice = &self.slices[slot];
+        if ev.is_probe || !ev.was_sent() {
+            crate::prefetch::value(slice);
+        } else {
+            crate::prefetch::lines(slice as *const Slice, Slice::REAL_BYTES);
+        }
         crate::prefetch::value(&self.indices[slot]);
-        for v in &self.staged {
+        for k in self.stage_targets(ev).into_iter().flatten() {
+            let v = &self.staged[k];
             crate::prefetch::lines(v.as_ptr().wrapping_add(v.len()), 4);
         }
+    }
+
+    /// The staging buffers an event's values go to (`STAGE_*`): its
+    /// latency's, then its TTFB's and output size's if it has them.
+    #[inline]
+    fn stage_targets(&self, ev: &RequestEvent<'_>) -> [Option<usize>; 3] {
+        if ev.is_probe {
+            return [Some(STAGE_PROBE), None, None];
+        }
+        let long = ev.input_tokens >= self.long_input_tokens;
+        [
+            Some(if long { STAGE_LONG } else { STAGE_SHORT }),
+            ev.ttfb_ms.map(|_| STAGE_TTFB),
+            (!ev.error_class.is_error()).then_some(STAGE_OUTPUT),
+        ]
     }
 
     /// Stages the event's latency (and TTFB and output size) for its
     /// slice's digests.
     #[inline]
-    fn stage(&mut self, ev: &RequestEvent<'_>, long: bool, failed: bool) {
-        let latency = ev.latency_ms as f32;
-        if ev.is_probe {
-            self.staged[STAGE_PROBE].push(latency);
-            return;
-        }
-        self.staged[if long { STAGE_LONG } else { STAGE_SHORT }].push(latency);
-        if let Some(ttfb) = ev.ttfb_ms {
-            self.staged[STAGE_TTFB].push(ttfb as f32);
-        }
-        if !failed {
-            self.staged[STAGE_OUTPUT].push(ev.output_tokens as f32);
+    fn stage(&mut self, ev: &RequestEvent<'_>) {
+        let values = [
+            ev.latency_ms as f32,
+            ev.ttfb_ms.unwrap_or(0) as f32,
+            ev.output_tokens as f32,
+        ];
+        for (k, v) in self.stage_targets(ev).into_iter().zip(values) {
+            if let Some(k) = k {
+                self.staged[k].push(v);
+            }
         }
     }
 
