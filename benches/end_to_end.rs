@@ -4,11 +4,14 @@
 //! whole service (`Service::start`, as `hermes run` and the demo run it:
 //! the request loop decoding, deduplicating and applying every record,
 //! committing, emitting health reports; the group writer planning and
-//! publishing to an in-process store). Reports both rates and their ratio.
+//! publishing to an in-process store). Reports both rates and their ratio,
+//! for each of `--rounds` rounds (bare then service, alternating, each in a
+//! consumer group of its own) and their medians: the bare consumer alone
+//! varies by 1.2-2.1 M records/s from one read to the next on this VM.
 //!
 //! ```sh
-//! cargo bench --bench end_to_end                  # 200 channels x 20/s x 360 s
-//! cargo bench --bench end_to_end -- --channels 1000 --seconds 360
+//! cargo bench --bench end_to_end                  # 200 channels x 20/s x 360 s, 3 rounds
+//! cargo bench --bench end_to_end -- --channels 1000 --seconds 360 --rounds 5
 //! ```
 //! The traffic is `hermes bench`'s (same generator); 360 s of event time
 //! fill the 5-minute windows, so most of the read is at steady state. The
@@ -109,20 +112,64 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
 
-    let bare = bare_consumer(&bootstrap, requests, produced)?;
+    let rounds = arg("--rounds", 3).max(1);
+    let rt = tokio::runtime::Runtime::new()?;
+    let rate = |d: Duration| produced as f64 / d.as_secs_f64();
+    let (mut bares, mut services, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        // Alternating, each reader in a consumer group of its own: the
+        // machine's speed drifts, and a pair read back to back shares it.
+        let bare = bare_consumer(&bootstrap, requests, produced, &format!("bare-{round}"))?;
+        let (service, applied) = service_read(&rt, &cfg_text, &bootstrap, produced, round)?;
+        println!(
+            "round {round}: bare consumer {:.0} records/s, hermes service {:.0} records/s \
+             ({applied} of {produced} applied), ratio {:.2}",
+            rate(bare),
+            rate(service),
+            bare.as_secs_f64() / service.as_secs_f64()
+        );
+        bares.push(rate(bare));
+        services.push(rate(service));
+        ratios.push(bare.as_secs_f64() / service.as_secs_f64());
+    }
     println!(
-        "bare consumer:   {produced} records in {:.2} s = {:.0} records/s",
-        bare.as_secs_f64(),
-        produced as f64 / bare.as_secs_f64()
+        "median of {rounds} rounds: bare consumer {:.0} records/s, hermes service {:.0} records/s",
+        median(&mut bares),
+        median(&mut services)
     );
+    println!(
+        "ratio service / bare: {:.2} (median of the rounds' ratios; {:.2}-{:.2})",
+        median(&mut ratios),
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
+    drop(mock);
+    Ok(())
+}
 
-    let mut file = ConfigFile::from_toml(&cfg_text)?;
-    file.runtime.kafka.brokers = bootstrap.clone();
+/// The middle value (the upper of the two middle ones); sorts `v`.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Reads the topic to `produced` records with the whole service (consumer
+/// group `hermes-<round>`, a fresh store): the time from its first record
+/// to its last, and the records it applied.
+fn service_read(
+    rt: &tokio::runtime::Runtime,
+    cfg_text: &str,
+    bootstrap: &str,
+    produced: u64,
+    round: u64,
+) -> anyhow::Result<(Duration, u64)> {
+    let mut file = ConfigFile::from_toml(cfg_text)?;
+    file.runtime.kafka.brokers = bootstrap.to_string();
+    file.runtime.kafka.group_id = format!("hermes-{round}");
     file.runtime.kafka.session_timeout_ms = 6_000;
     file.runtime.service.http_listen = String::new();
     file.runtime.service.reload_check_ms = 0;
-    let rt = tokio::runtime::Runtime::new()?;
-    let (service_time, applied) = rt.block_on(async {
+    rt.block_on(async {
         let store = Store::InProcess(Arc::new(Default::default()));
         let service = Service::start(file, store, None).await?;
         let m = service.metrics.clone();
@@ -150,27 +197,20 @@ fn main() -> anyhow::Result<()> {
         let took = first.map_or(Duration::ZERO, |f| f.elapsed());
         let applied = m.events_applied.load(Ordering::Relaxed);
         service.stop().await?;
+        anyhow::ensure!(
+            applied == produced,
+            "the service applied {applied} of {produced} records"
+        );
         anyhow::Ok((took, applied))
-    })?;
-    println!(
-        "hermes service:  {produced} records in {:.2} s = {:.0} records/s ({applied} applied)",
-        service_time.as_secs_f64(),
-        produced as f64 / service_time.as_secs_f64()
-    );
-    println!(
-        "ratio service / bare: {:.2}",
-        bare.as_secs_f64() / service_time.as_secs_f64()
-    );
-    drop(mock);
-    Ok(())
+    })
 }
 
 /// Reads `topic` to `n` records with a bare consumer; the time from its
 /// first record to its last.
-fn bare_consumer(bootstrap: &str, topic: &str, n: u64) -> anyhow::Result<Duration> {
+fn bare_consumer(bootstrap: &str, topic: &str, n: u64, group: &str) -> anyhow::Result<Duration> {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
-        .set("group.id", "bare")
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         // As the request consumer sets it: with the default 1 s, a bare
