@@ -220,10 +220,11 @@ impl QuotaUse {
 
 impl ChannelRuntime {
     fn new(c: &ChannelConfig, group_idx: usize, e: &crate::config::EngineConfig) -> ChannelRuntime {
-        ChannelRuntime {
+        // The config and what is kept of it: `configure` below.
+        let mut rt = ChannelRuntime {
             cfg: c.clone(),
-            group_id: ShortStr::new(&c.group),
-            counts_quota: c.quota.is_some(),
+            group_id: ShortStr::new(""),
+            counts_quota: false,
             group_idx,
             ring: SliceRing::new(e.ring_shape()),
             outcomes: OutcomeWindow::new(e.outcome_window),
@@ -241,7 +242,18 @@ impl ChannelRuntime {
             frozen_until_ms: None,
             quota: QuotaUse::default(),
             touched: false,
-        }
+        };
+        rt.configure(c, group_idx);
+        rt
+    }
+
+    /// Takes the channel's config (at start and on every reload) and what
+    /// the entry keeps of it for the hot path.
+    fn configure(&mut self, c: &ChannelConfig, group_idx: usize) {
+        self.cfg = c.clone();
+        self.group_id = ShortStr::new(&c.group);
+        self.counts_quota = c.quota.is_some();
+        self.group_idx = group_idx;
     }
 
     /// Hints the lines of the entry that admitting and recording an event
@@ -1110,10 +1122,7 @@ impl Engine {
                 let mut rt = old
                     .remove(&c.id)
                     .unwrap_or_else(|| ChannelRuntime::new(c, gi, &cfg.engine));
-                rt.cfg = c.clone();
-                rt.group_id = ShortStr::new(&c.group);
-                rt.counts_quota = c.quota.is_some();
-                rt.group_idx = gi;
+                rt.configure(c, gi);
                 channels.push(rt);
             }
         }
