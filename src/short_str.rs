@@ -5,18 +5,15 @@
 //! bytes in a heap block of its own, so each of those compares waited on one
 //! more load from main memory (about 15 % of the request path at 10 000
 //! channels). Ids are short ("openrouter-free-3"): kept inline, they sit in
-//! the hash table's bucket or the channel's entry that is read anyway.
-
-use std::borrow::Borrow;
-use std::hash::{Hash, Hasher};
+//! the id table's slot (`id_table`) or the channel's entry that is read
+//! anyway.
 
 /// Bytes kept inline; longer strings go to the heap (still correct, one load
 /// more). 22 keeps the whole value at 24 bytes, a `String`'s size.
 const INLINE: usize = 22;
 
-/// A string of up to [`INLINE`] bytes inline, else boxed. Hashes, compares
-/// and borrows as the `str` it holds, so a map keyed by it is looked up by
-/// `&str`.
+/// A string of up to [`INLINE`] bytes inline, else boxed; compared with a
+/// `str` as the `str` it holds.
 #[derive(Clone)]
 pub enum ShortStr {
     Inline { len: u8, bytes: [u8; INLINE] },
@@ -60,30 +57,9 @@ impl ShortStr {
     }
 }
 
-impl PartialEq for ShortStr {
-    fn eq(&self, other: &ShortStr) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl Eq for ShortStr {}
-
 impl PartialEq<str> for ShortStr {
     fn eq(&self, other: &str) -> bool {
         self.as_str() == other
-    }
-}
-
-impl Hash for ShortStr {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // As the `str` hashes: `Borrow<str>` needs the same hash.
-        self.as_str().hash(state)
-    }
-}
-
-impl Borrow<str> for ShortStr {
-    fn borrow(&self) -> &str {
-        self.as_str()
     }
 }
 
@@ -98,8 +74,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn holds_compares_and_hashes_as_its_str() {
-        let state = ahash::RandomState::with_seeds(1, 2, 3, 4);
+    fn holds_and_compares_as_its_str() {
         for s in [
             "",
             "a",
@@ -113,7 +88,6 @@ mod tests {
             assert_eq!(k.as_str(), s);
             assert!(k == *s);
             assert!(k != *format!("{s}x").as_str());
-            assert_eq!(state.hash_one(&k), state.hash_one(s));
             assert_eq!(
                 matches!(k, ShortStr::Inline { .. }),
                 s.len() <= INLINE,
@@ -121,11 +95,5 @@ mod tests {
             );
         }
         assert_eq!(std::mem::size_of::<ShortStr>(), 24);
-        let mut map = ahash::AHashMap::new();
-        map.insert(ShortStr::new("ch-1"), 1);
-        map.insert(ShortStr::new(&"x".repeat(40)), 2);
-        assert_eq!(map.get("ch-1"), Some(&1));
-        assert_eq!(map.get("x".repeat(40).as_str()), Some(&2));
-        assert_eq!(map.get("ch-2"), None);
     }
 }
