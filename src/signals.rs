@@ -425,7 +425,6 @@ pub struct Probation {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LatencySummary {
     pub p50_ms: f64,
-    pub p95_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
     pub samples: u32,
@@ -593,7 +592,6 @@ impl LatencySummary {
     fn of(p99: Measurement, d: &mut crate::digest::ViewDigest) -> LatencySummary {
         LatencySummary {
             p50_ms: d.estimate_quantile(0.5),
-            p95_ms: d.estimate_quantile(0.95),
             p99_ms: p99.value,
             max_ms: d.max(),
             samples: p99.samples,
