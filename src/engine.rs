@@ -265,24 +265,6 @@ impl ChannelRuntime {
         self.group_id.prefetch_heap();
     }
 
-    /// Hints, for a while from now, what measuring this channel reads
-    /// beyond its entry, in two steps (see [`SliceRing::prefetch_views`]):
-    /// `heads` first, a measurement ahead of the rest.
-    fn prefetch_evaluation(&self, heads: bool) {
-        if heads {
-            let cold = std::mem::offset_of!(ChannelRuntime, ring) + SliceRing::HOT_BYTES;
-            crate::prefetch::lines_later(
-                (self as *const ChannelRuntime)
-                    .cast::<u8>()
-                    .wrapping_add(cold),
-                std::mem::size_of::<ChannelRuntime>() - cold,
-            );
-            self.ring.prefetch_view_heads();
-        } else {
-            self.ring.prefetch_views();
-        }
-    }
-
     fn frozen_at(&self, t: i64) -> bool {
         self.frozen_until_ms.is_some_and(|f| t <= f)
     }
@@ -744,26 +726,13 @@ impl Engine {
             return;
         }
         let groups = std::mem::take(&mut self.phases[phase]);
-        let mut due: Vec<usize> = Vec::new();
+        let mut due = Vec::new();
         for &gi in &groups {
             due.extend(self.group_channels[gi].iter().filter(|&&idx| {
                 self.evaluate_unseen || self.channels[idx].last_event_ms.is_some()
             }));
         }
-        for (k, &idx) in due.iter().enumerate() {
-            // Each measurement reads tens of KB of one channel's windows,
-            // cold at thousands of channels: the next one's load meanwhile.
-            if k == 0 {
-                for &first in due.iter().take(2) {
-                    self.channels[first].prefetch_evaluation(true);
-                }
-            }
-            if let Some(&later) = due.get(k + 2) {
-                self.channels[later].prefetch_evaluation(true);
-            }
-            if let Some(&next) = due.get(k + 1) {
-                self.channels[next].prefetch_evaluation(false);
-            }
+        for &idx in &due {
             self.stats.evaluations += 1;
             self.measure_channel(idx, now);
         }

@@ -21,41 +21,19 @@ pub fn value<T: ?Sized>(r: &T) {
 /// never read, so it may point anywhere (past a vector's length, say).
 #[inline(always)]
 pub fn lines<T: ?Sized>(start: *const T, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    each_line(start, bytes, |p| {
-        // SAFETY: PREFETCHT0 never faults and writes nothing, whatever the
-        // address. SSE, which it needs, is part of x86_64.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
-    });
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (start, bytes);
-}
-
-/// [`lines`] for memory wanted a while from now (tens of microseconds):
-/// loaded into the core's second-level cache, not its first, where it
-/// would push out what is being worked on. An evaluation tick reads some
-/// 20–30 KB of one channel's windows; the next channel's are hinted this
-/// way while the current one is measured.
-#[inline(always)]
-pub fn lines_later<T: ?Sized>(start: *const T, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    each_line(start, bytes, |p| {
-        // SAFETY: as in `lines`; PREFETCHT1 differs only in the level.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p) }
-    });
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (start, bytes);
-}
-
-/// Calls `hint` with an address in each cache line of the `bytes` bytes
-/// from `start` (at least one).
-#[inline(always)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn each_line<T: ?Sized>(start: *const T, bytes: usize, hint: impl Fn(*const i8)) {
-    let start = start.cast::<i8>();
+    let start = start.cast::<u8>();
     let mut offset = 0;
     while offset < bytes.max(1) {
-        hint(start.wrapping_add(offset));
+        let p = start.wrapping_add(offset);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: PREFETCHT0 never faults and writes nothing, whatever the
+        // address. SSE, which it needs, is part of x86_64.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
         offset += 64;
     }
 }

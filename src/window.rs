@@ -545,45 +545,6 @@ impl SliceRing {
         }
     }
 
-    /// Hints, for a while from now ([`crate::prefetch::lines_later`]),
-    /// where [`SliceRing::prefetch_views`] finds what it hints: the ring
-    /// itself and its digests' headers. The first of two steps, a
-    /// measurement ahead of the second, so that neither waits on memory.
-    pub fn prefetch_view_heads(&self) {
-        use crate::prefetch::lines_later;
-        use std::mem::size_of_val;
-        lines_later(self as *const SliceRing, std::mem::size_of::<SliceRing>());
-        lines_later(self.fine.as_ptr(), size_of_val(&self.fine[..]));
-        let (a, b) = self.panes.as_slices();
-        lines_later(a.as_ptr(), size_of_val(a));
-        lines_later(b.as_ptr(), size_of_val(b));
-    }
-
-    /// Hints, for a while from now, what an evaluation reads of this ring:
-    /// every slice's counters (the long view sums them all), the short
-    /// view's digests, the panes and what is staged. The second step, after
-    /// [`SliceRing::prefetch_view_heads`].
-    pub fn prefetch_views(&self) {
-        use crate::prefetch::lines_later;
-        use std::mem::size_of_val;
-        lines_later(self.slices.as_ptr(), size_of_val(&self.slices[..]));
-        lines_later(self.indices.as_ptr(), size_of_val(&self.indices[..]));
-        for (f, index) in self.fine.iter().zip(&self.fine_indices) {
-            if *index != i64::MIN {
-                lines_later(f.centroids.as_ptr(), size_of_val(&f.centroids[..]));
-            }
-        }
-        for p in &self.panes {
-            lines_later(
-                p.digests.centroids.as_ptr(),
-                size_of_val(&p.digests.centroids[..]),
-            );
-        }
-        for v in &self.staged {
-            lines_later(v.as_ptr(), size_of_val(&v[..]));
-        }
-    }
-
     /// The staging buffers an event's values go to (`STAGE_*`): its
     /// latency's, then its TTFB's and output size's if it has them.
     #[inline]
