@@ -1,13 +1,19 @@
 //! Hermes' own ceiling end to end: a topic of librdkafka's in-process mock
-//! cluster is filled first, then read to the end twice in the same run, by
-//! a bare `BaseConsumer` (poll, touch the payload, nothing else) and by the
-//! whole service (`Service::start`, as `hermes run` and the demo run it:
-//! the request loop decoding, deduplicating and applying every record,
+//! cluster is filled first, then read to the end three times in the same
+//! run, by a bare `BaseConsumer` (poll, touch the payload, nothing else),
+//! by the same consumer decoding every record as the service does, and by
+//! the whole service (`Service::start`, as `hermes run` and the demo run
+//! it: the request loop decoding, deduplicating and applying every record,
 //! committing, emitting health reports; the group writer planning and
-//! publishing to an in-process store). Reports both rates and their ratio,
-//! for each of `--rounds` rounds (bare then service, alternating, each in a
-//! consumer group of its own) and their medians: the bare consumer alone
-//! varies by 1.2-2.1 M records/s from one read to the next on this VM.
+//! publishing to an in-process store). Reports the rates and the ratios
+//! (service / bare: issue #12's figure; service / decoding consumer: what
+//! Hermes adds beyond decoding), for each of `--rounds` rounds (the three
+//! readers in turn, each in a consumer group of its own) and their medians:
+//! the bare consumer alone varies by 1.2-2.1 M records/s from one read to
+//! the next on this VM. Each read also reports the CPU time the whole
+//! process used per record (all threads, librdkafka's and the mock
+//! broker's included), and the ratio of those: the comparison per core,
+//! which does not depend on how many cores the machine has to spare.
 //!
 //! ```sh
 //! cargo bench --bench end_to_end                  # 200 channels x 20/s x 360 s, 3 rounds
@@ -26,6 +32,7 @@
 //! consumer sets it to 10 ms: 470 k records/s on the same run.
 
 use hermes::bench::{config_text, encoded_traffic, BenchOptions, Mix};
+use hermes::codec::{Decoder, NoRegistry, WireFormat};
 use hermes::config::ConfigFile;
 use hermes::service::{Service, Store};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -114,37 +121,127 @@ fn main() -> anyhow::Result<()> {
 
     let rounds = arg("--rounds", 3).max(1);
     let rt = tokio::runtime::Runtime::new()?;
-    let rate = |d: Duration| produced as f64 / d.as_secs_f64();
-    let (mut bares, mut services, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut figures: [Vec<f64>; 7] = Default::default();
     for round in 1..=rounds {
         // Alternating, each reader in a consumer group of its own: the
-        // machine's speed drifts, and a pair read back to back shares it.
-        let bare = bare_consumer(&bootstrap, requests, produced, &format!("bare-{round}"))?;
-        let (service, applied) = service_read(&rt, &cfg_text, &bootstrap, produced, round)?;
+        // machine's speed drifts, and readers read back to back share it.
+        let bare = read(|| bare_consumer(&bootstrap, requests, produced, round, false))?;
+        let decoding = read(|| bare_consumer(&bootstrap, requests, produced, round, true))?;
+        let mut applied = 0;
+        let service = read(|| {
+            let (took, n) = service_read(&rt, &cfg_text, &bootstrap, produced, round)?;
+            applied = n;
+            Ok(took)
+        })?;
+        let ratio = bare.wall.as_secs_f64() / service.wall.as_secs_f64();
+        let of_decoding = decoding.wall.as_secs_f64() / service.wall.as_secs_f64();
+        let per_cpu = bare.cpu_per_record(produced) / service.cpu_per_record(produced);
         println!(
-            "round {round}: bare consumer {:.0} records/s, hermes service {:.0} records/s \
-             ({applied} of {produced} applied), ratio {:.2}",
-            rate(bare),
-            rate(service),
-            bare.as_secs_f64() / service.as_secs_f64()
+            "round {round}: bare consumer {}, decoding consumer {}, hermes service {} \
+             ({applied} of {produced} applied); ratio {ratio:.2}, of the decoding consumer \
+             {of_decoding:.2}, per CPU second {per_cpu:.2}",
+            bare.describe(produced),
+            decoding.describe(produced),
+            service.describe(produced),
         );
-        bares.push(rate(bare));
-        services.push(rate(service));
-        ratios.push(bare.as_secs_f64() / service.as_secs_f64());
+        for (v, x) in figures.iter_mut().zip([
+            bare.rate(produced),
+            decoding.rate(produced),
+            service.rate(produced),
+            ratio,
+            of_decoding,
+            per_cpu,
+            service.cpu_per_record(produced),
+        ]) {
+            v.push(x);
+        }
     }
+    let [bares, decodings, services, ratios, of_decodings, per_cpus, service_cpus] =
+        figures.each_mut();
     println!(
-        "median of {rounds} rounds: bare consumer {:.0} records/s, hermes service {:.0} records/s",
-        median(&mut bares),
-        median(&mut services)
+        "median of {rounds} rounds: bare consumer {:.0} records/s, decoding consumer {:.0} \
+         records/s, hermes service {:.0} records/s ({:.2} us of CPU a record, all threads)",
+        median(bares),
+        median(decodings),
+        median(services),
+        median(service_cpus) * 1e6,
     );
-    println!(
-        "ratio service / bare: {:.2} (median of the rounds' ratios; {:.2}-{:.2})",
-        median(&mut ratios),
-        ratios[0],
-        ratios[ratios.len() - 1]
-    );
+    for (what, v) in [
+        ("ratio service / bare", ratios),
+        ("service / decoding consumer", of_decodings),
+        (
+            "per CPU second (bare's CPU per record / the service's)",
+            per_cpus,
+        ),
+    ] {
+        println!(
+            "{what}: {:.2} (median of the rounds'; {:.2}-{:.2})",
+            median(v),
+            v[0],
+            v[v.len() - 1]
+        );
+    }
     drop(mock);
     Ok(())
+}
+
+/// One reader's read: the time from its first record to its last, and
+/// the CPU time the whole process used meanwhile (every thread: the
+/// reader's, librdkafka's, the in-process mock broker's), from the
+/// reader's start to its end.
+struct Read {
+    wall: Duration,
+    cpu: Duration,
+}
+
+impl Read {
+    fn rate(&self, records: u64) -> f64 {
+        records as f64 / self.wall.as_secs_f64()
+    }
+
+    /// CPU seconds per record.
+    fn cpu_per_record(&self, records: u64) -> f64 {
+        self.cpu.as_secs_f64() / records as f64
+    }
+
+    fn describe(&self, records: u64) -> String {
+        format!(
+            "{:.0} records/s ({:.2} us of CPU a record)",
+            self.rate(records),
+            self.cpu_per_record(records) * 1e6
+        )
+    }
+}
+
+/// Times one reader (see [`Read`]).
+fn read(f: impl FnOnce() -> anyhow::Result<Duration>) -> anyhow::Result<Read> {
+    let before = cpu_time()?;
+    let wall = f()?;
+    Ok(Read {
+        wall,
+        cpu: cpu_time()?.saturating_sub(before),
+    })
+}
+
+/// CPU time the process has used, all its threads, finished ones too:
+/// `utime + stime` of `/proc/self/stat`, in Linux's fixed 100 ticks a
+/// second (10 ms resolution against reads of a second or more).
+fn cpu_time() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces: the third field (state) first, utime the 14th.
+    let rest = stat
+        .rfind(')')
+        .and_then(|i| stat.get(i + 2..))
+        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?;
+    let field = |n: usize| -> anyhow::Result<u64> {
+        Ok(rest
+            .split_whitespace()
+            .nth(n - 3)
+            .ok_or_else(|| anyhow::anyhow!("/proc/self/stat has no field {n}"))?
+            .parse()?)
+    };
+    Ok(Duration::from_millis((field(14)? + field(15)?) * 10))
 }
 
 /// The middle value (the upper of the two middle ones); sorts `v`.
@@ -205,12 +302,21 @@ fn service_read(
     })
 }
 
-/// Reads `topic` to `n` records with a bare consumer; the time from its
-/// first record to its last.
-fn bare_consumer(bootstrap: &str, topic: &str, n: u64, group: &str) -> anyhow::Result<Duration> {
+/// Reads `topic` to `n` records with a bare consumer (consumer group
+/// `bare-<round>`), or one that also decodes each record as the service
+/// does (`decoding-<round>`): the time from its first record to its last.
+fn bare_consumer(
+    bootstrap: &str,
+    topic: &str,
+    n: u64,
+    round: u64,
+    decode: bool,
+) -> anyhow::Result<Duration> {
+    let group = format!("{}-{round}", if decode { "decoding" } else { "bare" });
+    let decoder = Decoder::new(WireFormat::Plain);
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
+        .set("group.id", &group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         // As the request consumer sets it: with the default 1 s, a bare
@@ -227,11 +333,18 @@ fn bare_consumer(bootstrap: &str, topic: &str, n: u64, group: &str) -> anyhow::R
     while seen < n && Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             first.get_or_insert_with(Instant::now);
-            bytes += m.payload().map_or(0, |p| p.len());
+            let payload = m.payload().unwrap_or(&[]);
+            bytes += if decode {
+                let ev = decoder.decode(payload, &NoRegistry)?;
+                std::hint::black_box(&ev);
+                ev.event_id.len()
+            } else {
+                payload.len()
+            };
             seen += 1;
         }
     }
-    anyhow::ensure!(seen == n, "bare consumer read {seen} of {n}");
+    anyhow::ensure!(seen == n, "{group} read {seen} of {n}");
     std::hint::black_box(bytes);
     Ok(first.map_or(Duration::ZERO, |f| f.elapsed()))
 }
