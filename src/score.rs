@@ -97,7 +97,7 @@ fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f
 /// probation relapses only when even this optimistic reading is bad, so a
 /// few unlucky failures among a few dozen attempts do not send a recovered
 /// channel back (SPEC §5a: probation evidence fits the traffic). Each
-/// failure counts once (see [`bounded`]).
+/// failure counts once (see `bounded`).
 pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     bounded(signals, policy, &|k, m| {
         if k.is_rate() {
@@ -116,7 +116,7 @@ pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// clean channel passes on about 60 attempts, one still failing 10 % does
 /// not pass on a lucky handful (SPEC §5a: a confidence bound on the failure
 /// rate, not a fixed count). Only the one comprehensive rate is bounded,
-/// and the rates whose failures it counts are left out (see [`bounded`]).
+/// and the rates whose failures it counts are left out (see `bounded`).
 /// A tail quantile measured for a probation is read at its upper rank
 /// ([`crate::signals::Probation`]): a pulse that slowed a handful of the
 /// probation's attempts is not averaged away by the point P99.

@@ -12,7 +12,7 @@
 /// more). 22 keeps the whole value at 24 bytes, a `String`'s size.
 const INLINE: usize = 22;
 
-/// A string of up to [`INLINE`] bytes inline, else boxed; compared with a
+/// A string of up to `INLINE` bytes inline, else boxed; compared with a
 /// `str` as the `str` it holds.
 #[derive(Clone)]
 pub enum ShortStr {

@@ -2,7 +2,7 @@
 //!
 //! The loops update these in place; a scrape only reads. The exposition is
 //! rendered by the `prometheus-client` crate (Prometheus text format 0.0.4)
-//! from an [`Exporter`] that reads this state at scrape time: `promtool
+//! from an `Exporter` that reads this state at scrape time: `promtool
 //! check metrics` finds nothing in it (`tests/metrics_lint.rs`).
 
 use crate::state::StateKind;

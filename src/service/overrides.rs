@@ -259,7 +259,7 @@ pub enum Store {
 }
 
 /// Deletes a field only if it still holds the value that was read (so a
-/// newer override written meanwhile is kept). KEYS[1]: the hash; ARGV:
+/// newer override written meanwhile is kept). `KEYS[1]`: the hash; `ARGV`:
 /// field, expected JSON.
 const DELETE_IF_SAME_LUA: &str = r#"
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then

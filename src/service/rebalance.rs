@@ -1,12 +1,12 @@
 //! Rebalance bookkeeping for the request loop.
 //!
-//! librdkafka calls [`RequestContext::rebalance`] between two polls of the
+//! librdkafka calls `RequestContext::rebalance` between two polls of the
 //! loop's thread. On assignment it decides where each new partition starts
 //! reading (`plan_assignment`: the replay window by time, else the committed
 //! offset, else the beginning) and whether it was ours before; on revocation
 //! it flushes the outputs and commits before letting go. What happened is
-//! queued as [`RebalanceEvent`]s in [`Shared`] for the loop to apply to its
-//! partitions ([`apply`]), so the loop's own state is never touched from the
+//! queued as `RebalanceEvent`s in `Shared` for the loop to apply to its
+//! partitions (`apply`), so the loop's own state is never touched from the
 //! callback. The statistics callback also lands here: per-partition lag for
 //! the metrics, and the fetch high watermarks that idle detection reads.
 

@@ -3,7 +3,7 @@
 //! Runs on its own OS thread around a `BaseConsumer`, so rebalance callbacks
 //! run between two records of the same loop and need no locking against it.
 //!
-//! Records are taken in batches of what is ready (up to [`POLL_BATCH`]), in
+//! Records are taken in batches of what is ready (up to `POLL_BATCH`), in
 //! order. Per record: decode (fetching an unknown writer schema from the
 //! registry once), drop duplicates by event id, apply to the partition's
 //! engine; a bad record goes to the dead-letter topic with its reason and
@@ -24,7 +24,7 @@
 //! replay position) and returns what it produced as values;
 //! [`super::rebalance`] decides where assigned partitions start and applies
 //! assignments and revocations; this loop owns polling, decoding, the
-//! [`Emitter`] (the one place outputs leave, with one failure policy),
+//! `Emitter` (the one place outputs leave, with one failure policy),
 //! committing, idle advance, config reloads and the operator command inbox.
 
 use super::groups::Ownership;
@@ -80,7 +80,7 @@ pub struct LoopParts {
     /// Alerts are Confluent-framed with this id (registered at start).
     pub alert_schema_id: Option<u32>,
     /// This process's group writers: every health report is handed to them
-    /// here as well as produced to the health topic (see [`Emitter`]).
+    /// here as well as produced to the health topic (see `Emitter`).
     pub local_reports: tokio::sync::mpsc::Sender<HealthReport>,
 }
 
