@@ -2,10 +2,11 @@
 //!
 //! Every instance reads the whole health topic (no consumer group: plain
 //! assignment of every partition, from the end) and keeps the newest report
-//! of every channel ([`crate::board::GroupBoard`]). The writer of route group G is the
-//! instance that owns request partition [`writer_partition`]`(G)` in the
-//! request consumer group, so there is exactly one membership protocol and
-//! the writer role moves exactly when that partition moves. The writer
+//! of every channel ([`crate::board::GroupBoard`]). The writer of route
+//! group G is the instance that owns request partition
+//! [`writer_partition`]`(G)` in the request consumer group, so there is
+//! exactly one membership protocol and the writer role moves exactly when
+//! that partition moves. The writer
 //! re-plans G once per evaluation tick and writes the snapshot to Redis:
 //!
 //! - on taking G it `INCR`s G's epoch (fencing every older writer through
