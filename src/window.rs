@@ -322,11 +322,11 @@ pub struct SliceRing {
     /// and this saves the two 64-bit divisions per event on the hot path.
     last: (i64, i64, usize),
     /// Values waiting to be merged into the digests of slice `stage.0` in
-    /// slot `stage.1`, per kind (`STAGED` order). One small reused buffer
-    /// per channel instead of t-digest's 5 × size push buffer per digest per
-    /// slice: that allocated tens of MB of fresh memory per thousand
-    /// channels. Drained when full, when events move to another slice, and
-    /// before every query.
+    /// slot `stage.1`, per kind (`staged[k]` for kind `STAGE_*` k). One
+    /// small reused buffer per channel instead of t-digest's 5 × size push
+    /// buffer per digest per slice: that allocated tens of MB of fresh
+    /// memory per thousand channels. Drained when full, when events move to
+    /// another slice, and before every query.
     stage: (i64, usize),
     slice_ms: i64,
     /// Empty until the first event, then `len` slots.
