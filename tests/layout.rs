@@ -42,6 +42,7 @@ const SHELL: &[&str] = &[
     "client",
     "ctl",
     "demo",
+    "huge_pages",
     "service",
     "wall_clock",
 ];
