@@ -60,8 +60,6 @@ fn main() -> anyhow::Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
         return Ok(()); // `cargo test --benches`
     }
-    // The heap as `hermes run` has it (this may re-execute the bench).
-    hermes::huge_pages::ensure();
     let channels = arg("--channels", 200) as usize;
     let seconds = arg("--seconds", 360);
     let opts = BenchOptions {

@@ -15,8 +15,6 @@ use hermes::bench::{run, BenchOptions, BenchReport, Mix};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
-        // The heap as `hermes` has it (this may re-execute the run).
-        hermes::huge_pages::ensure();
         let channels = args[i + 1].parse().expect("channels");
         let mix = if args[i + 2] == "skewed" {
             Mix::Skewed

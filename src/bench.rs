@@ -85,11 +85,6 @@ pub struct BenchReport {
     pub max_pause_ms: f64,
     /// Evaluation ticks run in the measured part.
     pub evaluations: u64,
-    /// glibc's `glibc.malloc.hugetlb` in this process (`hermes` sets it to
-    /// 1 at start unless told otherwise; see `huge_pages`).
-    pub malloc_hugetlb: Option<String>,
-    /// Anonymous memory on transparent huge pages at the end, in bytes.
-    pub anon_huge_bytes: Option<u64>,
 }
 
 /// A config of `channels` channels in groups of ten (a third free), with
@@ -435,10 +430,6 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         idle_bytes_per_channel: idle_bytes,
         max_pause_ms: max_pause.as_secs_f64() * 1000.0,
         evaluations: part.evaluations() - evaluations_before,
-        malloc_hugetlb: std::env::var("GLIBC_TUNABLES")
-            .ok()
-            .and_then(|t| crate::huge_pages::tunable_value(&t).map(str::to_string)),
-        anon_huge_bytes: crate::huge_pages::anon_huge_bytes(),
     })
 }
 

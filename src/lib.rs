@@ -77,7 +77,6 @@ pub mod digest;
 pub mod engine;
 pub mod event;
 pub mod health;
-pub mod huge_pages;
 pub mod id_table;
 pub mod prefetch;
 pub mod publish;

@@ -641,14 +641,6 @@ fn main() -> anyhow::Result<ExitCode> {
         _ => ("warn", LogFormat::Text),
     };
     init_logs(default_level, format);
-    // Before any thread starts: this may re-execute the binary (see the
-    // module's doc), and then the new process takes over from here.
-    match hermes::huge_pages::ensure() {
-        hermes::huge_pages::Heap::ExecFailed(e) => {
-            tracing::warn!("the heap keeps 4 KB pages: {e}")
-        }
-        heap => tracing::info!("heap pages: {heap}"),
-    }
     match &cli.command {
         Command::Run { config, .. } => run(config),
         Command::Status {

@@ -42,7 +42,6 @@ const SHELL: &[&str] = &[
     "client",
     "ctl",
     "demo",
-    "huge_pages",
     "service",
     "wall_clock",
 ];
