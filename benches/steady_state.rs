@@ -57,19 +57,8 @@ fn main() {
                 String::from_utf8_lossy(&out.stderr)
             );
             let json = String::from_utf8(out.stdout).expect("utf-8");
-            let r: serde_json::Value = serde_json::from_str(json.trim()).expect("json");
-            println!(
-                "{:>7} {:<7} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1}",
-                r["channels"],
-                mix,
-                r["rate_per_channel"].as_f64().unwrap_or(0.0),
-                r["events_per_s"].as_f64().unwrap_or(0.0),
-                r["ns_per_event"].as_f64().unwrap_or(0.0),
-                r["decode_only_events_per_s"].as_f64().unwrap_or(0.0),
-                r["ratio_to_decode"].as_f64().unwrap_or(0.0),
-                r["bytes_per_channel"],
-                r["max_pause_ms"].as_f64().unwrap_or(0.0),
-            );
+            let r: BenchReport = serde_json::from_str(json.trim()).expect("json");
+            println!("{}", r.line());
             lines.push(json);
         }
     }

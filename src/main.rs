@@ -251,7 +251,7 @@ enum Command {
     /// state on one thread, for capacity planning: the windows are filled
     /// first (the long window of event time, not timed), then `--seconds`
     /// of event time are measured. Prints events/s, decode-only events/s,
-    /// resident bytes per channel and the longest pause.
+    /// resident bytes per channel and the longest pause (wall and CPU time).
     Bench {
         /// Channels (in route groups of ten).
         #[arg(long, default_value_t = 1000)]
