@@ -215,33 +215,14 @@ impl Read {
 
 /// Times one reader (see [`Read`]).
 fn read(f: impl FnOnce() -> anyhow::Result<Duration>) -> anyhow::Result<Read> {
+    let cpu_time =
+        || hermes::bench::process_cpu_time().ok_or_else(|| anyhow::anyhow!("no process CPU clock"));
     let before = cpu_time()?;
     let wall = f()?;
     Ok(Read {
         wall,
         cpu: cpu_time()?.saturating_sub(before),
     })
-}
-
-/// CPU time the process has used, all its threads, finished ones too:
-/// `utime + stime` of `/proc/self/stat`, in Linux's fixed 100 ticks a
-/// second (10 ms resolution against reads of a second or more).
-fn cpu_time() -> anyhow::Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // The fields after the command name, which is in parentheses and may
-    // hold spaces: the third field (state) first, utime the 14th.
-    let rest = stat
-        .rfind(')')
-        .and_then(|i| stat.get(i + 2..))
-        .ok_or_else(|| anyhow::anyhow!("unexpected /proc/self/stat: {stat}"))?;
-    let field = |n: usize| -> anyhow::Result<u64> {
-        Ok(rest
-            .split_whitespace()
-            .nth(n - 3)
-            .ok_or_else(|| anyhow::anyhow!("/proc/self/stat has no field {n}"))?
-            .parse()?)
-    };
-    Ok(Duration::from_millis((field(14)? + field(15)?) * 10))
 }
 
 /// The middle value (the upper of the two middle ones); sorts `v`.

@@ -266,13 +266,23 @@ pub fn encoded_traffic(
 }
 
 /// The calling thread's CPU time (user and system).
-fn thread_cpu_time() -> Option<Duration> {
+pub fn thread_cpu_time() -> Option<Duration> {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// The CPU time this process has used, all its threads (finished ones
+/// too).
+pub fn process_cpu_time() -> Option<Duration> {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
