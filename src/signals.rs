@@ -426,7 +426,6 @@ pub struct Probation {
 pub struct LatencySummary {
     pub p50_ms: f64,
     pub p99_ms: f64,
-    pub max_ms: f64,
     pub samples: u32,
 }
 
@@ -593,7 +592,6 @@ impl LatencySummary {
         LatencySummary {
             p50_ms: d.estimate_quantile(0.5),
             p99_ms: p99.value,
-            max_ms: d.max(),
             samples: p99.samples,
         }
     }

@@ -346,7 +346,9 @@ impl Partition {
             );
         }
         let fingerprint = match hint.fingerprint {
-            0 => self.dedup.fingerprint(ev.event_id),
+            0 => self
+                .dedup
+                .fingerprint(ev.gateway_id, ev.event_id, ev.event_time_ms),
             f => f,
         };
         if !self
@@ -371,8 +373,10 @@ impl Partition {
     /// applies. What it computed is for this record's later steps and its
     /// [`Partition::apply_hinted`], on this partition only.
     pub fn prefetch_lookup(&self, ev: &RequestEvent) -> Hint {
-        let fingerprint = self.dedup.fingerprint(ev.event_id);
-        self.dedup.prefetch(fingerprint);
+        let fingerprint = self
+            .dedup
+            .fingerprint(ev.gateway_id, ev.event_id, ev.event_time_ms);
+        self.dedup.prefetch(fingerprint, ev.event_time_ms);
         Hint {
             fingerprint,
             id_hash: Some(self.engine.prefetch_lookup(ev)),
@@ -615,11 +619,13 @@ mod tests {
         let batch = [
             event("free-a", t, "a"),
             event("paid-a", t + 1, "b"),
-            event("free-a", t + 2, "a"),
+            // Sent again: the same record (id, gateway and time).
+            event("free-a", t, "a"),
             event("nope", t + 3, "c"),
             event("paid-a", t + 3_600_000, "d"),
-            event("paid-a", t + 4, "b"),
-            event("free-a", t + 5, "e"),
+            event("paid-a", t + 1, "b"),
+            // The same id at another time is another event.
+            event("free-a", t + 5, "a"),
         ];
         let (mut plain, mut hinted) = (partition(0), partition(0));
         let hints: Vec<Hint> = batch
