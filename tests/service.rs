@@ -808,7 +808,7 @@ fn thousands_of_garbage_records_are_dead_lettered_and_every_good_event_applied()
         .unwrap();
         send_request(&p, channel, partition, &buf);
     }
-    // The same events again: ignored by event id, neither applied nor
+    // The same records again: ignored as duplicates, neither applied nor
     // dead-lettered.
     for (i, buf) in good_sent.iter().take(dups as usize).enumerate() {
         let (channel, partition) = CHANNELS[i % 3];
@@ -825,7 +825,7 @@ fn thousands_of_garbage_records_are_dead_lettered_and_every_good_event_applied()
         (good + bad + dups + framed) as f64,
         limit,
     );
-    // Redelivered good events are caught by their event id, so "applied"
+    // Redelivered good events are caught as duplicates, so "applied"
     // is exact.
     wait_metric(
         &hermes,

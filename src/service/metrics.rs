@@ -479,7 +479,7 @@ impl Metrics {
             ("hermes_events_consumed", "Records read from the request topic.", &self.events_consumed),
             ("hermes_events_applied", "Events applied to the engine.", &self.events_applied),
             ("hermes_events_replayed", "Events re-applied to rebuild windows after an assignment.", &self.events_replayed),
-            ("hermes_events_duplicate", "Events ignored as duplicates (same event id).", &self.duplicates),
+            ("hermes_events_duplicate", "Events ignored as duplicates (same gateway, event id and event time).", &self.duplicates),
             ("hermes_events_too_late", "Events older than the allowed lateness.", &self.too_late),
             ("hermes_alerts_produced", "Alert events produced.", &self.alerts_produced),
             ("hermes_health_reports", "Health reports produced to the health topic.", &self.health_reports),

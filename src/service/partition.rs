@@ -46,7 +46,8 @@ pub enum Applied {
     Applied { replayed: bool },
     /// Replayed, and older than every window: skipped.
     BelowReplayFloor,
-    /// Its event id was seen within the dedup horizon.
+    /// The same event (gateway, event id, event time) was seen within the
+    /// dedup horizon.
     Duplicate,
     /// Later than the allowed lateness: counted, not applied.
     TooLate,

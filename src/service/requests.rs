@@ -5,7 +5,7 @@
 //!
 //! Records are taken in batches of what is ready (up to `POLL_BATCH`), in
 //! order. Per record: decode (fetching an unknown writer schema from the
-//! registry once), drop duplicates by event id, apply to the partition's
+//! registry once), drop duplicates (gateway, event id and time), apply to the partition's
 //! engine; a bad record goes to the dead-letter topic with its reason and
 //! never stalls the partition. Offsets are stored once a batch was handled and
 //! committed every `service.commit_interval_ms` only after every output
