@@ -49,7 +49,61 @@ const STAGE_LONG: usize = 1;
 const STAGE_PROBE: usize = 2;
 const STAGE_TTFB: usize = 3;
 const STAGE_OUTPUT: usize = 4;
+const STAGE_KINDS: usize = 5;
 const STAGE_CAPACITY: usize = 64;
+
+/// A channel's staged values (`SliceRing::stage`), `STAGE_CAPACITY` per
+/// kind, kind after kind, in one allocation made at its first value: an
+/// event's values (latency, TTFB, output size: up to three kinds) land on
+/// one page, where a buffer per kind put them on up to three, each a
+/// page-table walk of its own when thousands of channels' state is read
+/// at random.
+#[derive(Default)]
+struct Staging {
+    /// Empty until the first value, then `STAGE_KINDS * STAGE_CAPACITY`.
+    values: Box<[f32]>,
+    lens: [u8; STAGE_KINDS],
+}
+
+impl Staging {
+    /// Adds a value of kind `k`, which has room (drained when full).
+    #[inline]
+    fn push(&mut self, k: usize, v: f32) {
+        if self.values.is_empty() {
+            self.values = vec![0.0; STAGE_KINDS * STAGE_CAPACITY].into_boxed_slice();
+        }
+        let len = self.lens[k] as usize;
+        self.values[k * STAGE_CAPACITY + len] = v;
+        self.lens[k] += 1;
+    }
+
+    fn any_full(&self) -> bool {
+        self.lens.iter().any(|&l| l as usize >= STAGE_CAPACITY)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lens.iter().all(|&l| l == 0)
+    }
+
+    /// The values of kind `k`.
+    fn kind(&self, k: usize) -> &[f32] {
+        let start = k * STAGE_CAPACITY;
+        self.values
+            .get(start..start + self.lens[k] as usize)
+            .unwrap_or(&[])
+    }
+
+    /// Where kind `k`'s next value goes (for a hint; never read through).
+    fn next_slot(&self, k: usize) -> *const f32 {
+        self.values
+            .as_ptr()
+            .wrapping_add(k * STAGE_CAPACITY + self.lens[k] as usize)
+    }
+
+    fn clear(&mut self) {
+        self.lens = [0; STAGE_KINDS];
+    }
+}
 
 /// Counts for one population (real or probe) over one slice or a view.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -322,7 +376,7 @@ pub struct SliceRing {
     /// and this saves the two 64-bit divisions per event on the hot path.
     last: (i64, i64, usize),
     /// Values waiting to be merged into the digests of slice `stage.0` in
-    /// slot `stage.1`, per kind (`staged[k]` for kind `STAGE_*` k). One
+    /// slot `stage.1`, per kind (`staged` for kind `STAGE_*` k). One
     /// small reused buffer per channel instead of t-digest's 5 × size push
     /// buffer per digest per slice: that allocated tens of MB of fresh
     /// memory per thousand channels. Drained when full, when events move to
@@ -335,7 +389,7 @@ pub struct SliceRing {
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
     indices: Vec<i64>,
-    staged: [Vec<f32>; 5],
+    staged: Staging,
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -515,7 +569,7 @@ impl SliceRing {
             s.class_tokens[class] += tokens;
         }
         self.stage(ev);
-        if self.staged.iter().any(|v| v.len() >= STAGE_CAPACITY) {
+        if self.staged.any_full() {
             self.drain_stage();
         }
         true
@@ -540,8 +594,7 @@ impl SliceRing {
         }
         crate::prefetch::value(&self.indices[slot]);
         for k in self.stage_targets(ev).into_iter().flatten() {
-            let v = &self.staged[k];
-            crate::prefetch::lines(v.as_ptr().wrapping_add(v.len()), 4);
+            crate::prefetch::lines(self.staged.next_slot(k), 4);
         }
     }
 
@@ -571,7 +624,7 @@ impl SliceRing {
         ];
         for (k, v) in self.stage_targets(ev).into_iter().zip(values) {
             if let Some(k) = k {
-                self.staged[k].push(v);
+                self.staged.push(k, v);
             }
         }
     }
@@ -581,13 +634,14 @@ impl SliceRing {
     /// event).
     fn drain_stage(&mut self) {
         let (index, slot) = self.stage;
-        if self.staged.iter().all(|v| v.is_empty()) {
+        if self.staged.is_empty() {
             return;
         }
         let mut staged = std::mem::take(&mut self.staged);
         let live = index != i64::MIN && self.indices[slot] == index;
         if let Some((digests, size)) = live.then(|| self.digests_of(index)).flatten() {
-            for (k, values) in staged.iter().enumerate() {
+            for k in 0..STAGE_KINDS {
+                let values = staged.kind(k);
                 if values.is_empty() {
                     continue;
                 }
@@ -597,7 +651,7 @@ impl SliceRing {
                 }
             }
         }
-        staged.iter_mut().for_each(Vec::clear);
+        staged.clear();
         self.staged = staged;
     }
 
