@@ -17,14 +17,14 @@
 //! horizon (behind the latest event time seen) is cleared when a newer
 //! bucket takes its place, so nothing is swept, tagged or rebuilt for
 //! expiry. A table grows (rehashed, to 70 % full) past 80 % full, and a
-//! recycled one is sized for what its previous bucket held (70 % full, or
-//! kept if that is within 10 %), so at steady state a remembered event
+//! recycled one is sized for what the bucket before it holds (70 % full,
+//! or kept if that is within 10 %), so at steady state a remembered event
 //! costs 10 to 12.6 bytes.
 //!
 //! # Why by time
 //! Records arrive in about the order of their event time, so nearly every
 //! lookup lands in the newest one or two tables: at 200 000 events/s those
-//! are about a megabyte each and stay in the CPU's caches, where one table
+//! are a few megabytes each and stay in the CPU's caches, where one table
 //! over the whole horizon (tens to hundreds of MB) would cost a random
 //! trip to main memory per event. A fingerprint is the key's 64-bit hash,
 //! and a key's home slot comes from it: a new key is taken for a
@@ -59,7 +59,7 @@ const BUCKETS: usize = 64;
 /// Fewest slots a table has.
 const MIN_SLOTS: usize = 16;
 /// A table grows past this share of its slots in use, to `SIZED_LOAD`;
-/// a recycled table is sized to `SIZED_LOAD` for its previous bucket, but
+/// a recycled table is sized to `SIZED_LOAD` for the bucket before it, but
 /// keeps its slots (cleared) when they are within `KEEP_SLACK` of that:
 /// a table of megabytes reallocated every bucket would fragment the heap.
 /// Every lookup is in cache (the newest tables), so a long probe costs
@@ -102,10 +102,10 @@ impl Table {
         }
     }
 
-    /// Holds bucket `bucket` from now on, empty, with slots for as many
-    /// keys as it held before.
-    fn recycle(&mut self, bucket: i64) {
-        let want = Table::sized_for(self.len);
+    /// Holds bucket `bucket` from now on, empty, with slots for `expected`
+    /// keys.
+    fn recycle(&mut self, bucket: i64, expected: usize) {
+        let want = Table::sized_for(expected);
         let have = self.slots.len();
         if have >= want && have as f64 <= want as f64 * KEEP_SLACK {
             self.slots.fill(0);
@@ -178,7 +178,7 @@ impl Dedup {
     pub fn prefetch(&self, fingerprint: u64, event_time_ms: i64) {
         let bucket = self.bucket(event_time_ms);
         let table = &self.tables[Dedup::table_of(bucket)];
-        if table.bucket == bucket {
+        if table.bucket == bucket && !table.slots.is_empty() {
             crate::prefetch::value(&table.slots[Table::home(fingerprint, table.slots.len())]);
         }
     }
@@ -196,25 +196,33 @@ impl Dedup {
         debug_assert_ne!(fingerprint, 0, "a fingerprint is never 0");
         let bucket = self.bucket(event_time_ms);
         self.latest = self.latest.max(bucket);
-        if bucket < self.latest - self.horizon_buckets {
+        if bucket < self.latest.saturating_sub(self.horizon_buckets) {
             // Older than the horizon: not remembered (its table, if any,
             // holds a newer bucket now or is about to).
             return true;
         }
-        let table = &mut self.tables[Dedup::table_of(bucket)];
-        if table.bucket != bucket {
+        let i = Dedup::table_of(bucket);
+        if self.tables[i].bucket != bucket || self.tables[i].slots.is_empty() {
             // Free: the bucket it held is behind the horizon (the ring is
-            // longer than the horizon), or it never held one.
-            table.recycle(bucket);
+            // longer than the horizon), or it never held one. Sized for
+            // what the bucket before holds (the traffic now), else for
+            // what it held itself.
+            let before = &self.tables[Dedup::table_of(bucket.wrapping_sub(1))];
+            let expected = if before.bucket == bucket.wrapping_sub(1) {
+                before.len
+            } else {
+                self.tables[i].len
+            };
+            self.tables[i].recycle(bucket, expected);
         }
-        let f = fingerprint;
-        match table.find(f) {
+        let table = &mut self.tables[i];
+        match table.find(fingerprint) {
             Ok(()) => {
                 self.duplicates += 1;
                 false
             }
             Err(slot) => {
-                table.slots[slot] = f;
+                table.slots[slot] = fingerprint;
                 table.len += 1;
                 if table.len as f64 > MAX_LOAD * table.slots.len() as f64 {
                     table.grow();
@@ -232,7 +240,9 @@ impl Dedup {
     pub fn len(&self) -> usize {
         self.tables
             .iter()
-            .filter(|t| t.bucket != i64::MIN && t.bucket >= self.latest - self.horizon_buckets)
+            .filter(|t| {
+                t.bucket != i64::MIN && t.bucket >= self.latest.saturating_sub(self.horizon_buckets)
+            })
             .map(|t| t.len)
             .sum()
     }
@@ -334,6 +344,17 @@ mod tests {
         // one does not.
         assert!(d.first_seen("gw", "e1100000", 55_000), "65 s old");
         assert!(!d.first_seen("gw", "e2399000", 119_950), "50 ms old");
+    }
+
+    #[test]
+    fn any_event_time_is_taken() {
+        let mut d = Dedup::new(60_000);
+        for t in [i64::MIN, i64::MIN + 1, -1, 0, i64::MAX - 1, i64::MAX] {
+            assert!(d.first_seen("gw", "a", t), "{t}");
+        }
+        let mut d = Dedup::new(1);
+        assert!(d.first_seen("gw", "a", i64::MIN));
+        assert!(!d.first_seen("gw", "a", i64::MIN));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! Each slice keeps counters for real and probe traffic. Its values
 //! (latency of real short-input, real long-input and probe attempts, TTFB and
 //! output tokens of real ones) go to five t-digests: staged per channel in
-//! five small reused buffers and merged into the slice's digests 64 at a time
+//! one small reused buffer (64 a kind) and merged into the slice's digests 64 at a time
 //! (and whenever events move to another slice, and before any query).
 //!
 //! # Panes: digests cost O(new data)
