@@ -74,6 +74,12 @@ impl Table {
         (((fingerprint >> 32) * slots as u64) >> 32) as usize
     }
 
+    /// Whether it holds bucket `bucket` (a table that never held one has
+    /// no slots).
+    fn holds(&self, bucket: i64) -> bool {
+        self.bucket == bucket && !self.slots.is_empty()
+    }
+
     /// Slots for `len` keys at `SIZED_LOAD`.
     fn sized_for(len: usize) -> usize {
         ((len as f64 / SIZED_LOAD).ceil() as usize).max(MIN_SLOTS)
@@ -178,7 +184,7 @@ impl Dedup {
     pub fn prefetch(&self, fingerprint: u64, event_time_ms: i64) {
         let bucket = self.bucket(event_time_ms);
         let table = &self.tables[Dedup::table_of(bucket)];
-        if table.bucket == bucket && !table.slots.is_empty() {
+        if table.holds(bucket) {
             crate::prefetch::value(&table.slots[Table::home(fingerprint, table.slots.len())]);
         }
     }
@@ -202,13 +208,14 @@ impl Dedup {
             return true;
         }
         let i = Dedup::table_of(bucket);
-        if self.tables[i].bucket != bucket || self.tables[i].slots.is_empty() {
+        if !self.tables[i].holds(bucket) {
             // Free: the bucket it held is behind the horizon (the ring is
             // longer than the horizon), or it never held one. Sized for
             // what the bucket before holds (the traffic now), else for
             // what it held itself.
-            let before = &self.tables[Dedup::table_of(bucket.wrapping_sub(1))];
-            let expected = if before.bucket == bucket.wrapping_sub(1) {
+            let previous = bucket.wrapping_sub(1);
+            let before = &self.tables[Dedup::table_of(previous)];
+            let expected = if before.holds(previous) {
                 before.len
             } else {
                 self.tables[i].len
@@ -241,7 +248,7 @@ impl Dedup {
         self.tables
             .iter()
             .filter(|t| {
-                t.bucket != i64::MIN && t.bucket >= self.latest.saturating_sub(self.horizon_buckets)
+                t.holds(t.bucket) && t.bucket >= self.latest.saturating_sub(self.horizon_buckets)
             })
             .map(|t| t.len)
             .sum()
