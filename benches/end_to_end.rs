@@ -68,6 +68,8 @@ fn main() -> anyhow::Result<()> {
         seconds,
         warmup_seconds: Some(0),
         mix: Mix::Uniform,
+        gateways: 1,
+        clock_spread_ms: 0,
         seed: 1,
         base_config: None,
     };

@@ -36,6 +36,8 @@ fn records() -> Vec<Vec<u8>> {
         seconds: 10,
         warmup_seconds: Some(0),
         mix: hermes::bench::Mix::Uniform,
+        gateways: 1,
+        clock_spread_ms: 0,
         seed: 1,
         base_config: None,
     };

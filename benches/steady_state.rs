@@ -1,9 +1,11 @@
 //! The request path at steady state (windows full), the figures a capacity
 //! plan needs: `hermes::bench` (also `hermes bench`) for 1 k, 10 k and 50 k
 //! channels at 20 events/s each, uniform and skewed (Zipf: the busiest 1 %
-//! of channels carry about half the traffic).
+//! of channels carry about half the traffic), and uniform from eight
+//! gateways whose clocks are spread over 3.5 s ("spread": each channel's
+//! events arrive out of event-time order, as from a real fleet).
 //!
-//! `cargo bench --bench steady_state` runs 1 k and 10 k (about four
+//! `cargo bench --bench steady_state` runs 1 k and 10 k (about ten
 //! minutes); `HERMES_BENCH_CHANNELS=1000,10000,50000` picks the sizes (50 k
 //! warms up 300 M events: about ten minutes on one core in session 18).
 //! Each run is its own process (this binary again, with `--one`), so the
@@ -21,12 +23,18 @@ fn main() {
         } else {
             Mix::Uniform
         };
+        let (gateways, clock_spread_ms) = match args[i + 2].as_str() {
+            "spread" => (8, 3_500),
+            _ => (1, 0),
+        };
         let opts = BenchOptions {
             channels,
             rate: 20.0,
             seconds: 30,
             warmup_seconds: None,
             mix,
+            gateways,
+            clock_spread_ms,
             seed: 1,
             base_config: None,
         };
@@ -46,7 +54,7 @@ fn main() {
     println!("{}", BenchReport::HEADER);
     let mut lines = Vec::new();
     for &channels in &sizes {
-        for mix in ["uniform", "skewed"] {
+        for mix in ["uniform", "skewed", "spread"] {
             let out = std::process::Command::new(std::env::current_exe().expect("self"))
                 .args(["--one", &channels.to_string(), mix])
                 .output()

@@ -5,7 +5,9 @@
 //! Avro), then one [`Partition`] (dedup, engine, outputs), one partition
 //! holding every channel, on one thread. Traffic is `rate` events per second
 //! per channel on average (uniform, or skewed so that a few channels carry
-//! most of it), stamped in event time.
+//! most of it), stamped in event time, by one gateway or by several whose
+//! clocks disagree (`clock_spread_ms`): then a channel's events arrive out
+//! of event-time order by up to that much, as they do from a real fleet.
 //!
 //! Steady state means windows full: the run first warms up for the long
 //! window (default 300 s of event time, not timed, events applied without
@@ -53,6 +55,12 @@ pub struct BenchOptions {
     /// Event-time seconds of warm-up; `None`: the long window.
     pub warmup_seconds: Option<u64>,
     pub mix: Mix,
+    /// Gateways sending the traffic (each event from one of them at
+    /// random), their clocks spread evenly over `clock_spread_ms`: gateway
+    /// `g` of `G` stamps events `g * spread / (G - 1) - spread / 2` ms off
+    /// the time they arrive.
+    pub gateways: usize,
+    pub clock_spread_ms: u64,
     pub seed: u64,
     /// A config file's text whose policy (`[engine]`, `[policy]`, ...) the
     /// run uses instead of the defaults; its groups are replaced.
@@ -65,6 +73,8 @@ pub struct BenchReport {
     pub channels: usize,
     pub mix: Mix,
     pub rate_per_channel: f64,
+    pub gateways: usize,
+    pub clock_spread_ms: u64,
     pub warmup_seconds: u64,
     pub seconds: u64,
     /// Events decoded and applied in the measured part.
@@ -170,20 +180,42 @@ struct Second {
     start_ms: i64,
 }
 
+impl Second {
+    /// When the `i`-th of `n` events arrives (wall time; a gateway stamps
+    /// it with its own clock).
+    fn arrival_ms(&self, i: usize, n: usize) -> i64 {
+        self.start_ms + (i * 1000 / n) as i64
+    }
+}
+
 struct Traffic {
     channels: Channels,
     rng: Rng,
     per_second: usize,
     next_id: u64,
+    /// Each gateway's id and clock offset (ms).
+    gateways: Vec<(String, i64)>,
 }
 
 impl Traffic {
     fn new(opts: &BenchOptions) -> Traffic {
+        let n = opts.gateways.max(1);
+        let spread = opts.clock_spread_ms.min(i64::MAX as u64 / 2) as i64;
+        let gateways = (0..n)
+            .map(|g| {
+                let offset = match n {
+                    1 => 0,
+                    _ => g as i64 * spread / (n as i64 - 1) - spread / 2,
+                };
+                (format!("gw-{}", g + 1), offset)
+            })
+            .collect();
         Traffic {
             channels: Channels::new(opts.channels, opts.mix),
             rng: Rng::new(opts.seed),
             per_second: ((opts.channels as f64 * opts.rate).round() as usize).max(1),
             next_id: 0,
+            gateways,
         }
     }
 
@@ -208,10 +240,13 @@ impl Traffic {
         let r = sec.draws[i];
         let (channel, group) = self.channels.pick(i, r);
         let failed = r % 50 == 7;
+        // Mixed, so the gateway is independent of the fields below.
+        let g = (r.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) as usize % self.gateways.len();
+        let (gateway, offset) = &self.gateways[g];
         RequestEvent {
             event_id: &sec.ids[i],
-            event_time_ms: sec.start_ms + (i * 1000 / self.per_second) as i64,
-            gateway_id: "gw-1",
+            event_time_ms: sec.arrival_ms(i, self.per_second) + offset,
+            gateway_id: gateway,
             channel_id: channel,
             route_group: group,
             model: "m",
@@ -310,25 +345,30 @@ impl Encoded {
     }
 }
 
-/// One record through the partition as the request loop handles it (the
-/// event's own time stands in for the wall clock).
+/// One record through the partition as the request loop handles it
+/// (`wall`: the traffic's arrival time stands in for the wall clock).
 fn step(
     part: &mut Partition,
     ev: &RequestEvent<'_>,
     hint: Hint,
     offset: i64,
-    skew: i64,
+    (skew, wall): (i64, i64),
     at: Instant,
 ) {
-    let wall = ev.event_time_ms;
     let _ = part.apply_hinted(ev, hint, offset, wall, skew);
     part.handled(offset, at);
     let _ = part.outputs("bench", || wall);
 }
 
 /// A batch of records through the partition in order, hinting the memory
-/// of the records ahead as the request loop does.
-fn apply_batch(part: &mut Partition, batch: &[RequestEvent<'_>], offset: &mut i64, skew: i64) {
+/// of the records ahead as the request loop does. `clock`: the allowed
+/// skew and the wall time (ms) the batch is handled at.
+fn apply_batch(
+    part: &mut Partition,
+    batch: &[RequestEvent<'_>],
+    offset: &mut i64,
+    clock: (i64, i64),
+) {
     // One clock reading per batch, as the request loop takes it.
     let at = Instant::now();
     let mut hints = [Hint::default(); PAUSE_BATCH];
@@ -338,7 +378,7 @@ fn apply_batch(part: &mut Partition, batch: &[RequestEvent<'_>], offset: &mut i6
             Step::Entry => part.prefetch_entry(&batch[j], &mut hints[j % PAUSE_BATCH]),
             Step::Windows => part.prefetch_windows(&batch[j], &hints[j % PAUSE_BATCH]),
         });
-        step(part, ev, hints[i % PAUSE_BATCH], *offset, skew, at);
+        step(part, ev, hints[i % PAUSE_BATCH], *offset, clock, at);
         *offset += 1;
     }
 }
@@ -351,6 +391,11 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         "--rate must be positive"
     );
     anyhow::ensure!(opts.seconds > 0, "--seconds must be at least 1");
+    anyhow::ensure!(opts.gateways > 0, "--gateways must be at least 1");
+    anyhow::ensure!(
+        opts.gateways > 1 || opts.clock_spread_ms == 0,
+        "--clock-spread-ms needs two gateways or more"
+    );
     let cfg = Arc::new(config(opts.channels, opts.base_config.as_deref())?);
     let warmup = opts
         .warmup_seconds
@@ -388,11 +433,11 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         // A batch at a time: a second's events held at once would stay in
         // the allocator and count as the partition's memory.
         for start in (0..per_second).step_by(PAUSE_BATCH) {
+            let end = per_second.min(start + PAUSE_BATCH);
             batch.clear();
-            batch.extend(
-                (start..per_second.min(start + PAUSE_BATCH)).map(|i| traffic.event(&sec, i)),
-            );
-            apply_batch(&mut part, &batch, &mut offset, skew);
+            batch.extend((start..end).map(|i| traffic.event(&sec, i)));
+            let wall = sec.arrival_ms(end - 1, per_second);
+            apply_batch(&mut part, &batch, &mut offset, (skew, wall));
         }
     }
     let decoder = Decoder::new(WireFormat::Plain);
@@ -418,7 +463,8 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
         let records: Vec<&[u8]> = encoded.records().collect();
         let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
-        for batch in records.chunks(PAUSE_BATCH) {
+        for (b, batch) in records.chunks(PAUSE_BATCH).enumerate() {
+            let wall = sec.arrival_ms(b * PAUSE_BATCH + batch.len() - 1, per_second);
             // Read outside the timed span, so the clock's cost is not timed.
             let cpu_started = thread_cpu_time();
             let started = Instant::now();
@@ -430,7 +476,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
                     .iter()
                     .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
             );
-            apply_batch(&mut part, &events_of_batch, &mut offset, skew);
+            apply_batch(&mut part, &events_of_batch, &mut offset, (skew, wall));
             let took = started.elapsed();
             if let (Some(a), Some(b)) = (cpu_started, thread_cpu_time()) {
                 let cpu = b.saturating_sub(a);
@@ -449,6 +495,8 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         channels: opts.channels,
         mix: opts.mix,
         rate_per_channel: opts.rate,
+        gateways: opts.gateways,
+        clock_spread_ms: opts.clock_spread_ms,
         warmup_seconds: warmup,
         seconds: opts.seconds,
         events,
@@ -470,9 +518,10 @@ impl BenchReport {
     /// One line for a table.
     pub fn line(&self) -> String {
         format!(
-            "{:>7} {:<7} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1} {:>7}",
+            "{:>7} {:<7} {:>9} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1} {:>7}",
             self.channels,
             format!("{:?}", self.mix).to_lowercase(),
+            format!("{}/{}", self.gateways, self.clock_spread_ms),
             self.rate_per_channel,
             self.events_per_s,
             self.ns_per_event,
@@ -487,7 +536,7 @@ impl BenchReport {
     }
 
     pub const HEADER: &'static str =
-        "channels mix     rate/ch    events/s    ns/ev  decode-only/s  ratio  B/channel  pause ms  cpu ms";
+        "channels mix     gw/spread rate/ch    events/s    ns/ev  decode-only/s  ratio  B/channel  pause ms  cpu ms";
 }
 
 #[cfg(test)]
@@ -502,6 +551,8 @@ mod tests {
             seconds: 2,
             warmup_seconds: Some(1),
             mix: Mix::Uniform,
+            gateways: 1,
+            clock_spread_ms: 0,
             seed: 1,
             base_config: None,
         };

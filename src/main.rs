@@ -269,6 +269,15 @@ enum Command {
         /// half) instead of the same rate everywhere.
         #[arg(long)]
         skewed: bool,
+        /// Gateways sending the traffic, each event from one at random.
+        #[arg(long, default_value_t = 1)]
+        gateways: usize,
+        /// How far apart the gateways' clocks are (ms), spread evenly:
+        /// a channel's events arrive out of event-time order by up to this
+        /// much, as they do from a real fleet (e.g. `--gateways 8
+        /// --clock-spread-ms 3500`). Needs two gateways or more.
+        #[arg(long, default_value_t = 0)]
+        clock_spread_ms: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Use this config's policy (`[engine]` and the rest; its groups
@@ -741,6 +750,8 @@ fn main() -> anyhow::Result<ExitCode> {
             seconds,
             warmup,
             skewed,
+            gateways,
+            clock_spread_ms,
             seed,
             config,
             json,
@@ -763,6 +774,8 @@ fn main() -> anyhow::Result<ExitCode> {
                 } else {
                     hermes::bench::Mix::Uniform
                 },
+                gateways: *gateways,
+                clock_spread_ms: *clock_spread_ms,
                 seed: *seed,
             };
             let report = hermes::bench::run(&opts)?;

@@ -375,13 +375,19 @@ pub struct SliceRing {
     /// of a channel nearly always land in the same slice as the previous one,
     /// and this saves the two 64-bit divisions per event on the hot path.
     last: (i64, i64, usize),
-    /// Values waiting to be merged into the digests of slice `stage.0` in
-    /// slot `stage.1`, per kind (`staged` for kind `STAGE_*` k). One
-    /// small reused buffer per channel instead of t-digest's 5 × size push
-    /// buffer per digest per slice: that allocated tens of MB of fresh
-    /// memory per thousand channels. Drained when full, when events move to
-    /// another slice, and before every query.
-    stage: (i64, usize),
+    /// Values waiting to be merged into the digests of slice `stage[b].0`
+    /// in slot `stage[b].1` (`i64::MIN`: none yet) are in `staged[b]`: two
+    /// small reused buffers per channel, for the two slices it last took
+    /// events for, instead of t-digest's 5 × size push buffer per digest
+    /// per slice (that allocated tens of MB of fresh memory per thousand
+    /// channels). Two, because gateways' clocks differ by seconds: near a
+    /// slice boundary a channel's events go back and forth between two
+    /// slices, and one buffer was drained at each crossing. A buffer is
+    /// drained when full, when a third slice takes it (the older of the
+    /// two), before its slice leaves the short view, and before every
+    /// query. `cur`: the buffer of the slice in `last`.
+    stage: [(i64, usize); 2],
+    cur: usize,
     slice_ms: i64,
     /// Empty until the first event, then `len` slots.
     slices: Vec<Slice>,
@@ -389,7 +395,7 @@ pub struct SliceRing {
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
     indices: Vec<i64>,
-    staged: Staging,
+    staged: [Staging; 2],
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -472,7 +478,8 @@ impl SliceRing {
             slice_size: size,
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
-            stage: (i64::MIN, 0),
+            stage: [(i64::MIN, 0); 2],
+            cur: 0,
             staged: Default::default(),
             long_input_tokens: cfg.long_input_tokens.min(i32::MAX as u32) as i32,
             short_output_tokens: cfg.short_output_tokens.min(i32::MAX as u32) as i32,
@@ -495,7 +502,8 @@ impl SliceRing {
     }
 
     /// The slot of the slice holding event time `t`, recycled if it held an
-    /// older slice; `None` if `t` is older than the ring.
+    /// older slice, and the staging buffer its values go to (`cur`); `None`
+    /// if `t` is older than the ring.
     fn slot_for(&mut self, t: i64) -> Option<usize> {
         let (index, slot) = if self.in_last_slice(t) {
             (self.last.0, self.last.2)
@@ -512,15 +520,27 @@ impl SliceRing {
             let slot = self.slot(index);
             self.last = (index, index * self.slice_ms, slot);
             // Whatever has left the short view ending here moves to its
-            // pane first, so the fine slot `index` takes is free.
-            self.drain_stage();
-            self.retire_through(index - self.short_slices as i64);
+            // pane first (its staged values with it), so the fine slot
+            // `index` takes is free.
+            let through = index - self.short_slices as i64;
+            for b in 0..2 {
+                if self.stage[b].0 <= through {
+                    self.drain_stage(b);
+                }
+            }
+            self.retire_through(through);
+            self.cur = match self.stage.iter().position(|s| s.0 == index) {
+                Some(b) => b,
+                None => {
+                    // The older of the two buffers takes the new slice.
+                    let b = (self.stage[1].0 < self.stage[0].0) as usize;
+                    self.drain_stage(b);
+                    self.stage[b] = (index, slot);
+                    b
+                }
+            };
             (index, slot)
         };
-        if self.stage.0 != index {
-            self.drain_stage();
-            self.stage = (index, slot);
-        }
         if self.indices[slot] != index {
             if self.indices[slot] > index {
                 return None;
@@ -569,8 +589,8 @@ impl SliceRing {
             s.class_tokens[class] += tokens;
         }
         self.stage(ev);
-        if self.staged.any_full() {
-            self.drain_stage();
+        if self.staged[self.cur].any_full() {
+            self.drain_stage(self.cur);
         }
         true
     }
@@ -594,7 +614,7 @@ impl SliceRing {
         }
         crate::prefetch::value(&self.indices[slot]);
         for k in self.stage_targets(ev).into_iter().flatten() {
-            crate::prefetch::lines(self.staged.next_slot(k), 4);
+            crate::prefetch::lines(self.staged[self.cur].next_slot(k), 4);
         }
     }
 
@@ -624,20 +644,20 @@ impl SliceRing {
         ];
         for (k, v) in self.stage_targets(ev).into_iter().zip(values) {
             if let Some(k) = k {
-                self.staged.push(k, v);
+                self.staged[self.cur].push(k, v);
             }
         }
     }
 
-    /// Merges the staged values into their slice's digests: its fine slot
-    /// while it is in the short view, its pane once it has left (a late
-    /// event).
-    fn drain_stage(&mut self) {
-        let (index, slot) = self.stage;
-        if self.staged.is_empty() {
+    /// Merges buffer `b`'s staged values into their slice's digests: its
+    /// fine slot while it is in the short view, its pane once it has left
+    /// (a late event).
+    fn drain_stage(&mut self, b: usize) {
+        let (index, slot) = self.stage[b];
+        if self.staged[b].is_empty() {
             return;
         }
-        let mut staged = std::mem::take(&mut self.staged);
+        let mut staged = std::mem::take(&mut self.staged[b]);
         let live = index != i64::MIN && self.indices[slot] == index;
         if let Some((digests, size)) = live.then(|| self.digests_of(index)).flatten() {
             for k in 0..STAGE_KINDS {
@@ -652,7 +672,7 @@ impl SliceRing {
             }
         }
         staged.clear();
-        self.staged = staged;
+        self.staged[b] = staged;
     }
 
     /// Where slice `index`'s digests live, and their compression: its fine
@@ -802,7 +822,8 @@ impl SliceRing {
         window_ms: i64,
         not_before_ms: i64,
     ) -> Option<digest::ViewDigest> {
-        self.drain_stage();
+        self.drain_stage(0);
+        self.drain_stage(1);
         let clip = self.slice_of(not_before_ms + self.slice_ms - 1);
         if not_before_ms > i64::MIN / 2 {
             self.split_at(clip);
