@@ -386,11 +386,12 @@ pub struct Runs {
 }
 
 impl Runs {
-    /// Adds the centroids (`[mean, weight]`) of one digest of `count`
-    /// values (in ascending order, as a digest keeps them) and its summary.
-    pub fn add(&mut self, centroids: &[[f32; 2]], count: f64, sum: f64, min: f64, max: f64) {
+    /// Adds the centroids of one digest of `count` values (in ascending
+    /// order, as a digest keeps them) and its summary. They are kept
+    /// packed, as the keys merging compares: this is a copy.
+    pub fn add(&mut self, centroids: &[Packed], count: f64, sum: f64, min: f64, max: f64) {
         self.starts.push(self.items.len());
-        self.items.extend(centroids.iter().map(|c| key(c[0], c[1])));
+        self.items.extend(centroids.iter().map(|c| c.0));
         self.sum += sum;
         self.count += count;
         self.min = Some(self.min.map_or(min, |m| m.min(min)));
@@ -614,6 +615,32 @@ fn merge_into(a: &[u64], b: &[u64], out: &mut [u64]) {
 /// same centroid.
 fn key(mean: f32, weight: f32) -> u64 {
     ((ordered_bits(mean) as u64) << 32) | ordered_bits(weight) as u64
+}
+
+/// A centroid as a window stores it: mean and weight narrowed to `f32`,
+/// packed as its sort key ([`key`]; 8 bytes, what a pair of `f32` takes),
+/// so gathering a view's runs ([`Runs::add`]) copies them as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Packed(u64);
+
+impl Packed {
+    pub fn new(mean: f32, weight: f32) -> Packed {
+        Packed(key(mean, weight))
+    }
+
+    /// A merged digest's centroid, narrowed.
+    pub fn of(c: &Centroid) -> Packed {
+        Packed::new(c.mean as f32, c.weight as f32)
+    }
+
+    /// Mean and weight, as stored.
+    pub fn get(self) -> (f32, f32) {
+        (
+            from_ordered_bits((self.0 >> 32) as u32),
+            from_ordered_bits(self.0 as u32),
+        )
+    }
 }
 
 /// The centroid a [`key`] stands for, widened to `f64`.
@@ -869,8 +896,8 @@ mod tests {
     /// Adds each slice as a run, as a window does.
     fn add_slices(runs: &mut Runs, slices: &[Slice]) {
         for (cs, n, s, mn, mx) in slices {
-            let pairs: Vec<[f32; 2]> = cs.iter().map(|c| [c.0, c.1]).collect();
-            runs.add(&pairs, *n, *s, *mn as f64, *mx as f64);
+            let packed: Vec<Packed> = cs.iter().map(|c| Packed::new(c.0, c.1)).collect();
+            runs.add(&packed, *n, *s, *mn as f64, *mx as f64);
         }
     }
 
@@ -984,7 +1011,7 @@ mod tests {
                 |runs| {
                     if let Some((cs, n, s, mn, mx)) = &existing {
                         runs.add(
-                            &cs.iter().map(|c| [c.0, c.1]).collect::<Vec<_>>(),
+                            &cs.iter().map(|c| Packed::new(c.0, c.1)).collect::<Vec<_>>(),
                             *n,
                             *s,
                             *mn as f64,
@@ -1007,8 +1034,16 @@ mod tests {
         // Two means that narrowed to one f32 keep their f64 order by mean,
         // not by weight: the run (1.0, 5), (1.0, 3) is out of order.
         let got = gather(100, |runs| {
-            runs.add(&[[1.0, 5.0], [1.0, 3.0], [2.0, 1.0]], 9.0, 11.0, 1.0, 2.0);
-            runs.add(&[[0.5, 1.0], [1.0, 4.0]], 5.0, 4.5, 0.5, 1.0);
+            let p =
+                |cs: &[(f32, f32)]| cs.iter().map(|c| Packed::new(c.0, c.1)).collect::<Vec<_>>();
+            runs.add(
+                &p(&[(1.0, 5.0), (1.0, 3.0), (2.0, 1.0)]),
+                9.0,
+                11.0,
+                1.0,
+                2.0,
+            );
+            runs.add(&p(&[(0.5, 1.0), (1.0, 4.0)]), 5.0, 4.5, 0.5, 1.0);
         })
         .unwrap();
         let order: Vec<(f64, f64)> = got.centroids().iter().map(|c| (c.mean, c.weight)).collect();

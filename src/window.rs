@@ -261,14 +261,15 @@ impl Slice {
 }
 
 /// A slice's five t-digests in one allocation: centroids as `f32` pairs
-/// (mean, weight) back to back, kind after kind, with each kind's summary.
+/// (mean, weight, packed as their sort key: [`digest::Packed`]) back to
+/// back, kind after kind, with each kind's summary.
 /// A `tdigest::TDigest` is 104 bytes before its first centroid and holds
 /// 16 bytes per centroid; five of them in each of 60 slices made most of a
 /// channel's memory. Latencies and token counts are integers well inside
 /// `f32`'s exact range, and a centroid mean keeps 24 bits (7 digits).
 #[derive(Clone, Default)]
 struct SliceDigests {
-    centroids: Vec<[f32; 2]>,
+    centroids: Vec<digest::Packed>,
     /// Where each kind's centroids end in `centroids`.
     ends: [u16; 5],
     count: [u32; 5],
@@ -339,12 +340,8 @@ impl SliceDigests {
         if new > old {
             self.centroids.reserve_exact(new - old);
         }
-        self.centroids.splice(
-            range,
-            d.centroids()
-                .iter()
-                .map(|c| [c.mean as f32, c.weight as f32]),
-        );
+        self.centroids
+            .splice(range, d.centroids().iter().map(digest::Packed::of));
         for end in &mut self.ends[k..] {
             *end = (*end as usize + new - old) as u16;
         }
@@ -1232,6 +1229,47 @@ mod tests {
             .digest(Digest::Latency, now, c.short_window_ms, i64::MIN / 2)
             .unwrap();
         assert_eq!(short.max(), 100.0);
+    }
+
+    #[test]
+    fn events_back_and_forth_across_a_boundary_stage_as_in_order() {
+        // Two gateways' clocks a few seconds apart: a channel's events
+        // alternate between two slices. Each slice takes its values in the
+        // same batches as when they come slice by slice, so its digests
+        // are the same, bit for bit (one staging buffer drained at every
+        // crossing: batches of one).
+        let c = cfg();
+        let t0 = 1_000_000_000 - 1_000_000_000 % c.slice_ms;
+        let at = |i: i64| match i % 2 {
+            0 => t0 + 3_000 + i,
+            _ => t0 + c.slice_ms + i,
+        };
+        let (mut mixed, mut sorted) = (
+            SliceRing::new(c.ring_shape()),
+            SliceRing::new(c.ring_shape()),
+        );
+        for i in 0..400 {
+            assert!(mixed.record(&ev_at(at(i), spread(i))));
+        }
+        for i in (0..400).step_by(2).chain((1..400).step_by(2)) {
+            assert!(sorted.record(&ev_at(at(i), spread(i))));
+        }
+        let now = t0 + 2 * c.slice_ms - 1;
+        for ring in [&mut mixed, &mut sorted] {
+            let d = ring.digest(Digest::Latency, now, c.short_window_ms, i64::MIN / 2);
+            assert_eq!(d.map(|d| d.count()), Some(400.0));
+        }
+        let fine = |r: &SliceRing| {
+            let mut held: Vec<_> = (r.fine_indices.iter().zip(&r.fine))
+                .filter(|(i, _)| **i != i64::MIN)
+                .map(|(i, d)| (*i, d.centroids.clone(), d.count, d.sum))
+                .collect();
+            held.sort_by_key(|h| h.0);
+            held
+        };
+        let (a, b) = (fine(&mixed), fine(&sorted));
+        assert_eq!(a.len(), 2);
+        assert_eq!(a, b);
     }
 
     #[test]
