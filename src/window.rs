@@ -66,19 +66,17 @@ struct Staging {
 }
 
 impl Staging {
-    /// Adds a value of kind `k`, which has room (drained when full).
+    /// Adds a value of kind `k`, which has room (drained when full);
+    /// whether that filled it.
     #[inline]
-    fn push(&mut self, k: usize, v: f32) {
+    fn push(&mut self, k: usize, v: f32) -> bool {
         if self.values.is_empty() {
             self.values = vec![0.0; STAGE_KINDS * STAGE_CAPACITY].into_boxed_slice();
         }
         let len = self.lens[k] as usize;
         self.values[k * STAGE_CAPACITY + len] = v;
         self.lens[k] += 1;
-    }
-
-    fn any_full(&self) -> bool {
-        self.lens.iter().any(|&l| l as usize >= STAGE_CAPACITY)
+        len + 1 == STAGE_CAPACITY
     }
 
     fn is_empty(&self) -> bool {
@@ -585,8 +583,7 @@ impl SliceRing {
             s.class_requests[class] += 1;
             s.class_tokens[class] += tokens;
         }
-        self.stage(ev);
-        if self.staged[self.cur].any_full() {
+        if self.stage(ev) {
             self.drain_stage(self.cur);
         }
         true
@@ -631,19 +628,22 @@ impl SliceRing {
     }
 
     /// Stages the event's latency (and TTFB and output size) for its
-    /// slice's digests.
+    /// slice's digests; whether that filled a buffer (to be drained: each
+    /// is drained the moment it fills, so only these can be full).
     #[inline]
-    fn stage(&mut self, ev: &RequestEvent<'_>) {
+    fn stage(&mut self, ev: &RequestEvent<'_>) -> bool {
         let values = [
             ev.latency_ms as f32,
             ev.ttfb_ms.unwrap_or(0) as f32,
             ev.output_tokens as f32,
         ];
+        let mut full = false;
         for (k, v) in self.stage_targets(ev).into_iter().zip(values) {
             if let Some(k) = k {
-                self.staged[self.cur].push(k, v);
+                full |= self.staged[self.cur].push(k, v);
             }
         }
+        full
     }
 
     /// Merges buffer `b`'s staged values into their slice's digests: its
