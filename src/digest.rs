@@ -633,14 +633,6 @@ impl Packed {
     pub fn of(c: &Centroid) -> Packed {
         Packed::new(c.mean as f32, c.weight as f32)
     }
-
-    /// Mean and weight, as stored.
-    pub fn get(self) -> (f32, f32) {
-        (
-            from_ordered_bits((self.0 >> 32) as u32),
-            from_ordered_bits(self.0 as u32),
-        )
-    }
 }
 
 /// The centroid a [`key`] stands for, widened to `f64`.

@@ -12,8 +12,11 @@
 //! Each slice keeps counters for real and probe traffic. Its values
 //! (latency of real short-input, real long-input and probe attempts, TTFB and
 //! output tokens of real ones) go to five t-digests: staged per channel in
-//! one small reused buffer (64 a kind) and merged into the slice's digests 64 at a time
-//! (and whenever events move to another slice, and before any query).
+//! small reused buffers (64 a kind; two, for the two slices the channel
+//! last took events for, since events from gateways whose clocks differ go
+//! back and forth across a boundary) and merged into the slice's digests
+//! 64 at a time (and when a third slice takes the buffer, when the slice
+//! leaves the short view, and before any query).
 //!
 //! # Panes: digests cost O(new data)
 //! Only the slices of the short view keep digests of their own (`fine`,
@@ -34,8 +37,8 @@
 //! Then 60 slices of counters (224 B each), the short view's 12 slices of
 //! digests (~140 B of summaries and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
-//! five panes of `pane_tdigest_size` centroids per kind, and 5 × 64 staged
-//! `f32`. With the defaults a channel at 20 events/s holds about 15 KB of
+//! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64
+//! staged `f32`. With the defaults a channel at 20 events/s holds about 15 KB of
 //! counters and 20 KB of digests; `hermes bench` measures what a channel
 //! really holds, duplicate detection included. The outcome window is
 //! `outcome_window` bytes, the baseline 16 B per point.
