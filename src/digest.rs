@@ -618,7 +618,8 @@ fn key(mean: f32, weight: f32) -> u64 {
 }
 
 /// A centroid as a window stores it: mean and weight narrowed to `f32`,
-/// packed as its sort key ([`key`]; 8 bytes, what a pair of `f32` takes),
+/// packed as its sort key (mean bits above weight bits, ordered as
+/// `f32::total_cmp`; 8 bytes, what a pair of `f32` takes),
 /// so gathering a view's runs ([`Runs::add`]) copies them as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(transparent)]
