@@ -99,6 +99,11 @@ pub struct BenchReport {
     pub max_pause_cpu_ms: Option<f64>,
     /// Evaluation ticks run in the measured part.
     pub evaluations: u64,
+    /// The process's resident memory in transparent huge pages at the end
+    /// (`AnonHugePages`, Linux): whether the allocator's advice
+    /// ([`crate::allocator`]) took effect on this machine.
+    #[serde(default)]
+    pub huge_page_bytes: Option<u64>,
 }
 
 /// A config of `channels` channels in groups of ten (a third free), with
@@ -328,6 +333,14 @@ fn rss_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
+/// Resident anonymous memory in transparent huge pages (Linux).
+fn huge_page_bytes() -> Option<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// The encoded records of one second, back to back.
 struct Encoded {
     bytes: Vec<u8>,
@@ -511,6 +524,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         max_pause_ms: max_pause.as_secs_f64() * 1000.0,
         max_pause_cpu_ms: max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
         evaluations: part.evaluations() - evaluations_before,
+        huge_page_bytes: huge_page_bytes(),
     })
 }
 
@@ -518,7 +532,7 @@ impl BenchReport {
     /// One line for a table.
     pub fn line(&self) -> String {
         format!(
-            "{:>7} {:<7} {:>9} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1} {:>7}",
+            "{:>7} {:<7} {:>9} {:>6.1} {:>11.0} {:>8.0} {:>13.0} {:>6.2} {:>10} {:>9.1} {:>7} {:>7}",
             self.channels,
             format!("{:?}", self.mix).to_lowercase(),
             format!("{}/{}", self.gateways, self.clock_spread_ms),
@@ -532,11 +546,13 @@ impl BenchReport {
             self.max_pause_ms,
             self.max_pause_cpu_ms
                 .map_or("-".to_string(), |c| format!("{c:.1}")),
+            self.huge_page_bytes
+                .map_or("-".to_string(), |b| (b >> 20).to_string()),
         )
     }
 
     pub const HEADER: &'static str =
-        "channels mix     gw/spread rate/ch    events/s    ns/ev  decode-only/s  ratio  B/channel  pause ms  cpu ms";
+        "channels mix     gw/spread rate/ch    events/s    ns/ev  decode-only/s  ratio  B/channel  pause ms  cpu ms huge MB";
 }
 
 #[cfg(test)]

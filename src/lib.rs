@@ -59,9 +59,12 @@
 //! - `channel_report`: `hermes report`, the weekly channel report from
 //!   the alert stream (Markdown and a self-contained HTML page).
 //! - `ctl`: `hermes ctl`, the control API's client (pins, freezes).
+//! - `allocator`: jemalloc as the process's allocator, its memory in huge
+//!   pages (speed only).
 //! - `main.rs`: the CLI.
 
 pub mod alert;
+pub mod allocator;
 pub mod bench;
 pub mod board;
 pub mod channel_report;

@@ -37,6 +37,7 @@ const CORE: &[&str] = &[
 
 /// The imperative shell: I/O, threads, wall time.
 const SHELL: &[&str] = &[
+    "allocator",
     "bench",
     "channel_report",
     "client",

@@ -1,0 +1,104 @@
+//! The process's memory allocator: jemalloc, with its memory in huge pages.
+//!
+//! At steady state the request path reads a channel's state at random
+//! across hundreds of MB (about 56 KB a channel, 10 000 channels a
+//! partition), and with 4 KB pages nearly every record also misses the
+//! TLB: a page-table walk before the load itself. In 2 MB pages the same
+//! state is a few hundred TLB entries. glibc's malloc asks the kernel for
+//! huge pages only for its main arena, and only when started with a
+//! tunable, while a partition lives on its request thread's arena; jemalloc
+//! advises every mapping it makes (`thp:always`), on every thread.
+//! README "Why jemalloc" has the measurements.
+//!
+//! The options are compiled in ([`MALLOC_CONF`]); jemalloc reads the
+//! `_RJEM_MALLOC_CONF` environment variable after them, so an operator can
+//! override them without a rebuild (`_RJEM_MALLOC_CONF=thp:default` leaves
+//! pages to the kernel's default). The kernel decides in the end:
+//! `/sys/kernel/mm/transparent_hugepage/enabled` set to `never` turns the
+//! advice into a no-op.
+//!
+//! Declared in the library, so the service, the demo, `hermes bench` and
+//! the benchmarks all run on the allocator production runs on.
+
+use std::ffi::{c_char, CStr};
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's compiled-in options: every mapping advised for transparent
+/// huge pages, its own metadata too.
+pub const OPTIONS: &CStr = c"thp:always,metadata_thp:always";
+
+/// A C string pointer jemalloc reads as its `malloc_conf` before `main`.
+#[repr(transparent)]
+pub struct ConfPtr(*const c_char);
+
+// SAFETY: the pointer is to a `'static` constant string, never written.
+unsafe impl Sync for ConfPtr {}
+
+/// `const char *malloc_conf`, under the prefixed name `tikv-jemalloc-sys`
+/// builds jemalloc with. jemalloc declares its own weak and empty; this
+/// definition replaces it.
+#[export_name = "_rjem_malloc_conf"]
+#[used]
+pub static MALLOC_CONF: ConfPtr = ConfPtr(OPTIONS.as_ptr());
+
+/// The options jemalloc was given in code ([`OPTIONS`]), for reports.
+pub fn options() -> &'static str {
+    OPTIONS.to_str().expect("ASCII")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_options_are_what_jemalloc_reads() {
+        // SAFETY: jemalloc reads the symbol's first word as a C string;
+        // it points to `OPTIONS`, a NUL-terminated `'static` constant.
+        let read = unsafe { std::ffi::CStr::from_ptr(super::MALLOC_CONF.0) };
+        assert_eq!(read.to_str().unwrap(), super::options());
+        assert!(super::options().contains("thp:always"));
+    }
+
+    /// The options took effect: a large allocation lands in a mapping
+    /// advised for huge pages (`hg` in its `VmFlags`). Checked where the
+    /// kernel hands huge pages only to advised memory (`madvise`, this
+    /// machine's and most distributions' default), unless the operator
+    /// overrode the options.
+    #[test]
+    fn large_allocations_are_advised_for_huge_pages() {
+        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if !mode.contains("[madvise]") || std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
+            eprintln!("skipped: THP mode {mode:?} or options overridden");
+            return;
+        }
+        let block = vec![1u8; 16 << 20];
+        let at = block.as_ptr() as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("Linux");
+        let mut inside = false;
+        let mut flags = None;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = range.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) =
+                        (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                    {
+                        inside = lo <= at && at < hi;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(f) = line.strip_prefix("VmFlags:") {
+                    flags = Some(f.to_string());
+                }
+            }
+        }
+        let flags = flags.expect("the block's mapping is in smaps");
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "the block's mapping is not advised: {flags}"
+        );
+        drop(block);
+    }
+}
