@@ -12,8 +12,9 @@
 //!
 //! The options are compiled in ([`MALLOC_CONF`]); jemalloc reads the
 //! `_RJEM_MALLOC_CONF` environment variable after them, so an operator can
-//! override them without a rebuild (`_RJEM_MALLOC_CONF=thp:default` leaves
-//! pages to the kernel's default). The kernel decides in the end:
+//! override them without a rebuild
+//! (`_RJEM_MALLOC_CONF=thp:default,metadata_thp:disabled` leaves pages to
+//! the kernel's default). The kernel decides in the end:
 //! `/sys/kernel/mm/transparent_hugepage/enabled` set to `never` turns the
 //! advice into a no-op.
 //!
@@ -43,9 +44,22 @@ unsafe impl Sync for ConfPtr {}
 #[used]
 pub static MALLOC_CONF: ConfPtr = ConfPtr(OPTIONS.as_ptr());
 
-/// The options jemalloc was given in code ([`OPTIONS`]), for reports.
-pub fn options() -> &'static str {
-    OPTIONS.to_str().expect("ASCII")
+/// What the process's memory runs on, for the service's start-up log:
+/// the built-in options, the environment's override if set, and the
+/// kernel's transparent huge page mode.
+pub fn describe() -> String {
+    let mut out = format!("jemalloc {}", OPTIONS.to_str().unwrap_or("?"));
+    if let Some(env) = std::env::var_os("_RJEM_MALLOC_CONF") {
+        out.push_str(&format!(
+            ", overridden by _RJEM_MALLOC_CONF={}",
+            env.to_string_lossy()
+        ));
+    }
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if let Ok(mode) = mode {
+        out.push_str(&format!("; kernel THP {}", mode.trim()));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -55,8 +69,9 @@ mod tests {
         // SAFETY: jemalloc reads the symbol's first word as a C string;
         // it points to `OPTIONS`, a NUL-terminated `'static` constant.
         let read = unsafe { std::ffi::CStr::from_ptr(super::MALLOC_CONF.0) };
-        assert_eq!(read.to_str().unwrap(), super::options());
-        assert!(super::options().contains("thp:always"));
+        assert_eq!(read, super::OPTIONS);
+        assert!(read.to_str().unwrap().contains("thp:always"));
+        assert!(super::describe().starts_with("jemalloc thp:always"));
     }
 
     /// The options took effect: a large allocation lands in a mapping

@@ -322,6 +322,7 @@ fn log_start(instance: &str, file: &ConfigFile) {
         redis = %redact_url(&rt.redis.url),
         groups = cfg.groups.len(),
         channels = cfg.channels().count(),
+        allocator = %crate::allocator::describe(),
         "hermes starting"
     );
 }
