@@ -55,11 +55,26 @@ pub fn describe() -> String {
             env.to_string_lossy()
         ));
     }
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
-    if let Ok(mode) = mode {
-        out.push_str(&format!("; kernel THP {}", mode.trim()));
+    if let Some(mode) = kernel_thp_mode() {
+        out.push_str(&format!("; kernel THP {mode}"));
     }
     out
+}
+
+/// The kernel's transparent huge page mode, the chosen one in brackets
+/// (`always [madvise] never`); `None` off Linux or without THP.
+pub fn kernel_thp_mode() -> Option<String> {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    Some(mode.trim().to_string())
+}
+
+/// The process's resident anonymous memory in transparent huge pages
+/// (`AnonHugePages`, Linux): whether the advice took effect.
+pub fn resident_huge_page_bytes() -> Option<u64> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 #[cfg(test)]
@@ -81,8 +96,7 @@ mod tests {
     /// overrode the options.
     #[test]
     fn large_allocations_are_advised_for_huge_pages() {
-        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .unwrap_or_default();
+        let mode = super::kernel_thp_mode().unwrap_or_default();
         if !mode.contains("[madvise]") || std::env::var_os("_RJEM_MALLOC_CONF").is_some() {
             eprintln!("skipped: THP mode {mode:?} or options overridden");
             return;

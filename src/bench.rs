@@ -333,14 +333,6 @@ fn rss_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Resident anonymous memory in transparent huge pages (Linux).
-fn huge_page_bytes() -> Option<u64> {
-    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// The encoded records of one second, back to back.
 struct Encoded {
     bytes: Vec<u8>,
@@ -524,7 +516,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         max_pause_ms: max_pause.as_secs_f64() * 1000.0,
         max_pause_cpu_ms: max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
         evaluations: part.evaluations() - evaluations_before,
-        huge_page_bytes: huge_page_bytes(),
+        huge_page_bytes: crate::allocator::resident_huge_page_bytes(),
     })
 }
 
