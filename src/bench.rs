@@ -86,6 +86,13 @@ pub struct BenchReport {
     pub decode_only_events_per_s: f64,
     /// `events_per_s / decode_only_events_per_s`.
     pub ratio_to_decode: f64,
+    /// The same ratio by the thread's CPU time (decode's CPU time over the
+    /// request path's): unmoved by time another process takes from this
+    /// one, so two builds compare on a shared machine in fewer runs. The
+    /// capacity figure is the wall-time one. `None` where the clock is not
+    /// available.
+    #[serde(default)]
+    pub cpu_ratio_to_decode: Option<f64>,
     /// Resident memory the partition added, per channel, at the end.
     pub bytes_per_channel: Option<u64>,
     /// Resident memory per configured channel of a partition that never
@@ -306,6 +313,16 @@ pub fn encoded_traffic(
 }
 
 /// The calling thread's CPU time (user and system).
+/// `total` plus the CPU time between two readings (`None` once a reading
+/// failed).
+fn add_cpu(
+    total: Option<Duration>,
+    from: Option<Duration>,
+    to: Option<Duration>,
+) -> Option<Duration> {
+    Some(total? + to?.saturating_sub(from?))
+}
+
 pub fn thread_cpu_time() -> Option<Duration> {
     cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }
@@ -448,6 +465,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let decoder = Decoder::new(WireFormat::Plain);
     let evaluations_before = part.evaluations();
     let (mut apply_time, mut decode_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut apply_cpu, mut decode_cpu) = (Some(Duration::ZERO), Some(Duration::ZERO));
     let mut max_pause = Duration::ZERO;
     let mut max_pause_cpu: Option<Duration> = None;
     let mut events = 0u64;
@@ -459,12 +477,14 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             encoder.encode_plain(&traffic.event(&sec, i), &mut encoded.bytes)?;
             encoded.ends.push(encoded.bytes.len());
         }
+        let cpu_started = thread_cpu_time();
         let started = Instant::now();
         let mut decoded = 0usize;
         for rec in encoded.records() {
             decoded += decoder.decode(rec, &NoRegistry).is_ok() as usize;
         }
         decode_time += started.elapsed();
+        decode_cpu = add_cpu(decode_cpu, cpu_started, thread_cpu_time());
         anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
         let records: Vec<&[u8]> = encoded.records().collect();
         let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
@@ -483,10 +503,12 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             );
             apply_batch(&mut part, &events_of_batch, &mut offset, (skew, wall));
             let took = started.elapsed();
-            if let (Some(a), Some(b)) = (cpu_started, thread_cpu_time()) {
+            let cpu_ended = thread_cpu_time();
+            if let (Some(a), Some(b)) = (cpu_started, cpu_ended) {
                 let cpu = b.saturating_sub(a);
                 max_pause_cpu = Some(max_pause_cpu.map_or(cpu, |m| m.max(cpu)));
             }
+            apply_cpu = add_cpu(apply_cpu, cpu_started, cpu_ended);
             apply_time += took;
             max_pause = max_pause.max(took);
         }
@@ -509,6 +531,10 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         ns_per_event: apply_time.as_nanos() as f64 / events.max(1) as f64,
         decode_only_events_per_s: decode_only,
         ratio_to_decode: events_per_s / decode_only,
+        cpu_ratio_to_decode: decode_cpu
+            .zip(apply_cpu)
+            .filter(|(_, a)| !a.is_zero())
+            .map(|(d, a)| d.as_secs_f64() / a.as_secs_f64()),
         bytes_per_channel: before
             .zip(after)
             .map(|(b, a)| a.saturating_sub(b) / opts.channels as u64),
@@ -571,6 +597,8 @@ mod tests {
             // The thread's CPU time within a batch never exceeds its wall
             // time (one thread; the clocks' granularity aside).
             let cpu = r.max_pause_cpu_ms.expect("Linux has a thread CPU clock");
+            let ratio = r.cpu_ratio_to_decode.expect("and so a CPU-time ratio");
+            assert!(ratio > 0.0 && ratio.is_finite(), "{ratio}");
             assert!(
                 cpu > 0.0 && cpu <= r.max_pause_ms + 0.05,
                 "{cpu} vs {}",
