@@ -161,6 +161,10 @@ struct ChannelRuntime {
     score_high: Option<f64>,
     signals: Signals,
     next_baseline_ms: Option<i64>,
+    /// The median latency last read (`engine.latency_median_interval_ms`)
+    /// and when it is read next.
+    latency_median: Option<f64>,
+    next_median_ms: i64,
     /// The configured quota's use in the current period, for gateways that
     /// do not report `quota_remaining`.
     quota: QuotaUse,
@@ -239,6 +243,8 @@ impl ChannelRuntime {
             last_event_ms: None,
             last_unsent_ms: None,
             next_baseline_ms: None,
+            latency_median: None,
+            next_median_ms: i64::MIN,
             frozen_until_ms: None,
             quota: QuotaUse::default(),
             touched: false,
@@ -770,6 +776,7 @@ impl Engine {
         let ch = &mut self.channels[idx];
         let policy = ch.cfg.policy.clone();
         let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
+        let median = ch.latency_median.is_none() || now >= ch.next_median_ms;
         let horizon = if ch.machine.kind() == StateKind::Observing {
             Horizon::Whole
         } else {
@@ -785,7 +792,17 @@ impl Engine {
             since,
             horizon,
             policy.states.probation(),
+            median,
         );
+        match ch.signals.latency {
+            Some(l) => {
+                if let Some(p50) = l.p50_ms {
+                    ch.latency_median = Some(p50);
+                    ch.next_median_ms = now + self.cfg.engine.latency_median_interval_ms;
+                }
+            }
+            None => ch.latency_median = None,
+        }
         if let (Some(quota), None) = (ch.cfg.quota, ch.signals.quota_remaining) {
             // No upstream report: count against the configured quota, at
             // the burn of the long view (probes use quota too).
@@ -918,7 +935,10 @@ impl Engine {
                 sc.value >= policy.states.at_risk_enter
                     && intermittent(
                         &sc,
-                        &ch.signals,
+                        || {
+                            let l = ch.signals.latency?;
+                            crate::signals::latency_median(&mut ch.ring, &l, now)
+                        },
                         &ch.baseline,
                         &policy,
                         self.cfg.engine.baseline_min_windows,
@@ -1163,6 +1183,13 @@ impl Engine {
     /// Latest measured signals.
     pub fn signals(&self, idx: ChannelIdx) -> &Signals {
         &self.channels[idx as usize].signals
+    }
+
+    /// A channel's median latency as last read (refreshed every
+    /// `engine.latency_median_interval_ms` while it has a P99; `None`
+    /// while it has none).
+    pub fn latency_median(&self, idx: ChannelIdx) -> Option<f64> {
+        self.channels[idx as usize].latency_median
     }
 
     /// Health of one channel as of the last evaluation.
@@ -1626,6 +1653,68 @@ mod tests {
             out.iter().all(|a| a.kind != AlertKind::Transition),
             "{out:?}"
         );
+    }
+
+    #[test]
+    fn the_median_gauge_is_read_once_per_its_interval() {
+        // 800 ms for two minutes, then slower and slower (1 s to 3.4 s
+        // over two minutes): the median follows once per
+        // `latency_median_interval_ms` (P99 at every evaluation), or at
+        // every evaluation when the interval is one.
+        for every_evaluation in [false, true] {
+            let mut cfg = Config::single_group(
+                "chat",
+                &[
+                    ("free-a", Tier::Free, 0.0, 50.0),
+                    ("paid-a", Tier::Paid, 1.0, 100.0),
+                ],
+            );
+            if every_evaluation {
+                cfg.engine.latency_median_interval_ms = cfg.engine.evaluation_interval_ms;
+            }
+            let interval = cfg.engine.latency_median_interval_ms;
+            let mut e = Engine::new(Arc::new(cfg));
+            let mut out = Vec::new();
+            healthy(&mut e, T0, T0 + 120_000, 10, &mut out);
+            let idx = e.channel_index("paid-a").unwrap();
+            assert_eq!(e.latency_median(idx), Some(800.0));
+            let (mut changes, mut p99_moved) = (Vec::new(), None);
+            let (mut last, mut last_p99) = (e.latency_median(idx), e.signals(idx).latency);
+            for t in (T0 + 120_000..T0 + 240_000).step_by(100) {
+                let mut slow = ev("paid-a", t);
+                slow.latency_ms = 1_000 + ((t - T0 - 120_000) / 50) as i32;
+                e.apply(&slow, &mut out).unwrap();
+                let now = e.latency_median(idx);
+                if now != last {
+                    changes.push(t);
+                    last = now;
+                }
+                let p99 = e.signals(idx).latency;
+                if p99_moved.is_none() && p99.map(|l| l.p99_ms) != last_p99.map(|l| l.p99_ms) {
+                    p99_moved = Some(t);
+                }
+                last_p99 = p99;
+            }
+            assert!(
+                changes.windows(2).all(|w| w[1] - w[0] >= interval),
+                "{changes:?}"
+            );
+            assert!(!changes.is_empty() && changes[0] <= T0 + 120_000 + 60_000 + interval);
+            assert!(e.latency_median(idx).is_some_and(|m| m > 1_200.0));
+            if every_evaluation {
+                assert!(changes.len() >= 12, "{changes:?}");
+            } else {
+                assert!(changes.len() <= 2, "{changes:?}");
+                // The P99 is read at every evaluation all the same: it
+                // moved at the first one, long before the median.
+                let moved = p99_moved.expect("the P99 moved");
+                let eval = e.cfg.engine.evaluation_interval_ms;
+                assert!(
+                    moved <= T0 + 120_000 + eval && moved < changes[0],
+                    "{moved}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -140,9 +140,11 @@ pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// not intermittent, nor is one failing a share of its requests. Such a
 /// probation looks clean until an attempt falls inside the fault, so its
 /// relapses hold later probations (`StatePolicy::intermittent_hold_factor`).
+/// `median` reads that median (`signals::latency_median`); it is called
+/// only when the tail carries the score.
 pub fn intermittent(
     sc: &Score,
-    signals: &Signals,
+    median: impl FnOnce() -> Option<f64>,
     baseline: &crate::window::Baseline,
     policy: &crate::config::HealthPolicy,
     baseline_min_windows: u32,
@@ -156,13 +158,13 @@ pub fn intermittent(
     if rest >= policy.states.observe_pass_score || tail < rest {
         return false;
     }
-    let Some(latency) = signals.latency else {
+    let Some(p50_ms) = median() else {
         return false;
     };
     let healthy_p99 = baseline
         .p99_ms(baseline_min_windows)
         .unwrap_or(policy.signals.get(SignalKind::P99Latency).normal);
-    latency.p50_ms <= healthy_p99
+    p50_ms <= healthy_p99
 }
 
 /// A bounded reading (`optimistic` for a relapse, `pessimistic` for a
@@ -310,16 +312,17 @@ mod tests {
             s.values[SignalKind::RelativeP99 as usize] = Some(Measurement::of(p99 / 180.0, 200));
             s.values[SignalKind::BadOutcomeRate as usize] = Some(Measurement::of(bad_rate, 2000));
             s.latency = Some(crate::signals::LatencySummary {
-                p50_ms: p50,
+                p50_ms: Some(p50),
                 p99_ms: p99,
                 ..Default::default()
             });
             let sc = score(&s, &policy.signals);
             (sc, s)
         };
+        let median = |s: &Signals| s.latency.and_then(|l| l.p50_ms);
         let judge = |(sc, s): (Score, Signals)| {
             assert!(sc.value >= policy.states.relapse_score, "{sc:?}");
-            intermittent(&sc, &s, &baseline, &policy, 5)
+            intermittent(&sc, || median(&s), &baseline, &policy, 5)
         };
         // Seed 004: 120 ms typical, a pulse makes the tail 2.2 s.
         assert!(judge(reading(120.0, 2_200.0, 0.0)));
@@ -332,9 +335,20 @@ mod tests {
         // Without a learned baseline, the P99 bound stands in for it.
         let empty = crate::window::Baseline::new(60);
         let (sc, s) = reading(1_900.0, 7_000.0, 0.0);
-        assert!(intermittent(&sc, &s, &empty, &policy, 5));
+        assert!(intermittent(&sc, || median(&s), &empty, &policy, 5));
         let (sc, s) = reading(2_100.0, 7_000.0, 0.0);
-        assert!(!intermittent(&sc, &s, &empty, &policy, 5));
+        assert!(!intermittent(&sc, || median(&s), &empty, &policy, 5));
+        // No median, no verdict; and none is read when the tail does not
+        // carry the score.
+        assert!(!intermittent(&sc, || None, &empty, &policy, 5));
+        let (sc, _) = reading(120.0, 150.0, 0.2);
+        assert!(!intermittent(
+            &sc,
+            || unreachable!("not read"),
+            &baseline,
+            &policy,
+            5
+        ));
     }
 
     #[test]

@@ -424,9 +424,44 @@ pub struct Probation {
 /// Latency quantiles for the status view and alert rules.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LatencySummary {
-    pub p50_ms: f64,
+    /// The median of the view behind the P99, when this evaluation read it
+    /// (`measure`'s `median`); [`latency_median`] reads it when it did not.
+    pub p50_ms: Option<f64>,
     pub p99_ms: f64,
     pub samples: u32,
+    /// The view behind the P99.
+    pub view: LatencyView,
+}
+
+/// A view of one latency digest: which, how long, and since when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyView {
+    pub digest: Digest,
+    pub window_ms: i64,
+    pub not_before_ms: i64,
+}
+
+impl Default for LatencyView {
+    fn default() -> Self {
+        LatencyView {
+            digest: Digest::Latency,
+            window_ms: 0,
+            not_before_ms: i64::MIN / 2,
+        }
+    }
+}
+
+/// The median latency of the view behind `latency`'s P99 at `now_ms` (the
+/// evaluation that measured it): the value `measure` would have read with
+/// `median` set, read from the ring now. Merging every run of the view is
+/// most of an evaluation's cost, and only the median gauge and an
+/// intermittence verdict use it.
+pub fn latency_median(ring: &mut SliceRing, latency: &LatencySummary, now_ms: i64) -> Option<f64> {
+    latency.p50_ms.or_else(|| {
+        let v = latency.view;
+        ring.digest(v.digest, now_ms, v.window_ms, v.not_before_ms)
+            .map(|mut d| d.estimate_quantile(0.5))
+    })
 }
 
 /// Everything measured about a channel at one evaluation.
@@ -529,7 +564,8 @@ pub fn bad_outcome_rate_since(
     Measurement::of(value, samples)
 }
 
-/// Measures every signal at `now_ms`.
+/// Measures every signal at `now_ms`; the median latency too when `median`
+/// (see [`LatencySummary::p50_ms`]).
 #[allow(clippy::too_many_arguments)]
 pub fn measure(
     ring: &mut SliceRing,
@@ -541,6 +577,7 @@ pub fn measure(
     not_before_ms: i64,
     horizon: Horizon,
     probation: Probation,
+    median: bool,
 ) -> Signals {
     let short_ms = match horizon {
         Horizon::Recent => cfg.short_window_ms,
@@ -573,6 +610,7 @@ pub fn measure(
         // to vote there would let a sick channel pass on the signals that
         // did.
         probation: (horizon == Horizon::Whole).then_some(probation),
+        median,
     };
     // The table, in order: a `Relative` signal reads an earlier one, when
     // that one was measured on real traffic (the baseline is learned there).
@@ -587,12 +625,19 @@ pub fn measure(
 }
 
 impl LatencySummary {
-    /// The P99 latency measurement and the view behind it.
-    fn of(p99: Measurement, d: &mut crate::digest::ViewDigest) -> LatencySummary {
+    /// The P99 latency measurement and the view behind it (its median
+    /// read when `median`).
+    fn of(
+        p99: Measurement,
+        d: &mut crate::digest::ViewDigest,
+        view: LatencyView,
+        median: bool,
+    ) -> LatencySummary {
         LatencySummary {
-            p50_ms: d.estimate_quantile(0.5),
+            p50_ms: median.then(|| d.estimate_quantile(0.5)),
             p99_ms: p99.value,
             samples: p99.samples,
+            view,
         }
     }
 }
@@ -640,6 +685,8 @@ struct Pass<'a> {
     policy: &'a SignalPolicies,
     /// Set for a probation verdict ([`Horizon::Whole`]).
     probation: Option<Probation>,
+    /// Read the P99 view's median too.
+    median: bool,
 }
 
 impl Pass<'_> {
@@ -674,9 +721,9 @@ impl Pass<'_> {
                     on_probes[k as usize] = true;
                     found = self.quantile(Digest::LatencyProbe, q, count, min);
                 }
-                found.map(|(m, mut d)| {
+                found.map(|(m, mut d, view)| {
                     if k == SignalKind::P99Latency {
-                        out.latency = Some(LatencySummary::of(m, &mut d));
+                        out.latency = Some(LatencySummary::of(m, &mut d, view, self.median));
                     }
                     m
                 })
@@ -719,8 +766,8 @@ impl Pass<'_> {
 
     /// Quantile `q` of `which` over the first view (real views, or probe
     /// views for probe latency) whose counters show `min` by `count` and
-    /// whose digest holds that many: the measurement and the digest behind
-    /// it. A tail quantile of the recent horizon keeps `quantile_min_tail`
+    /// whose digest holds that many: the measurement, the digest behind
+    /// it and its view. A tail quantile of the recent horizon keeps `quantile_min_tail`
     /// samples beyond it, so a tail is never one or two requests.
     fn quantile(
         &mut self,
@@ -728,7 +775,7 @@ impl Pass<'_> {
         q: f64,
         count: fn(&Counters) -> u32,
         min: u32,
-    ) -> Option<(Measurement, crate::digest::ViewDigest)> {
+    ) -> Option<(Measurement, crate::digest::ViewDigest, LatencyView)> {
         let pop_ok = |p: Pop| match which {
             Digest::LatencyProbe => p == Pop::Probe,
             _ => p == Pop::Real,
@@ -763,7 +810,12 @@ impl Pass<'_> {
                 samples,
                 high: high.map(|h| h.max(value)),
             };
-            return Some((m, d));
+            let view = LatencyView {
+                digest: which,
+                window_ms,
+                not_before_ms: self.not_before_ms,
+            };
+            return Some((m, d, view));
         }
         None
     }
@@ -897,6 +949,7 @@ mod tests {
             i64::MIN / 2,
             Horizon::Recent,
             NOT_ON_PROBATION,
+            true,
         );
         assert_eq!(s.get(SignalKind::ErrorRate), None);
         assert_eq!(s.get(SignalKind::P99Latency), None);
@@ -929,6 +982,7 @@ mod tests {
             i64::MIN / 2,
             Horizon::Recent,
             NOT_ON_PROBATION,
+            true,
         );
         let m = s.get(SignalKind::ErrorRate).unwrap();
         assert_eq!(m.samples, 30);
@@ -958,11 +1012,63 @@ mod tests {
             i64::MIN / 2,
             Horizon::Recent,
             NOT_ON_PROBATION,
+            true,
         );
         let rel = s.get(SignalKind::RelativeP99).unwrap().value;
         assert!((rel - 1090.0 / 400.0).abs() < 0.1, "{rel}");
         let out_rel = s.get(SignalKind::OutputTokensRelative).unwrap().value;
         assert!((out_rel - 540.0 / 500.0).abs() < 0.01, "{out_rel}");
+    }
+
+    #[test]
+    fn the_median_read_later_is_the_one_measure_reads() {
+        // Real traffic in the short view; real traffic only before it
+        // (the long view); only probes (a drained channel: the probe view).
+        // Each read with the median and without it, then the median read
+        // on its own.
+        let t0 = 1_000_000_000;
+        let cfg = EngineConfig::default();
+        for (probes_after, view) in [
+            (None, (Digest::Latency, cfg.short_window_ms)),
+            (Some(30_000), (Digest::Latency, cfg.long_window_ms)),
+            (Some(0), (Digest::LatencyProbe, cfg.short_window_ms)),
+        ] {
+            let (mut ring, outcomes, baseline, cfg, policy) = setup();
+            for i in 0..900i64 {
+                let mut e = sample_event();
+                e.event_time_ms = t0 + i * 100;
+                e.latency_ms = 200 + ((i * 7919) % 3_000) as i32;
+                e.is_probe = probes_after.is_some_and(|p| i * 100 >= p);
+                ring.record(&e);
+            }
+            let now = t0 + 90_000;
+            let mut at = |median| {
+                measure(
+                    &mut ring,
+                    &outcomes,
+                    &baseline,
+                    &cfg.horizons(),
+                    &policy,
+                    now,
+                    i64::MIN / 2,
+                    Horizon::Recent,
+                    NOT_ON_PROBATION,
+                    median,
+                )
+            };
+            let with = at(true);
+            let without = at(false);
+            let l = with.latency.expect("a P99");
+            let expected = l.p50_ms.expect("read with the median");
+            assert!(expected > 200.0 && expected < 3_200.0, "{expected}");
+            let lazy = without.latency.expect("the same P99");
+            assert_eq!(lazy.p50_ms, None);
+            assert_eq!((lazy.p99_ms, lazy.view), (l.p99_ms, l.view));
+            assert_eq!((l.view.digest, l.view.window_ms), view);
+            assert_eq!(latency_median(&mut ring, &lazy, now), Some(expected));
+            // A median already read is not read again.
+            assert_eq!(latency_median(&mut ring, &l, now), Some(expected));
+        }
     }
 
     #[test]
@@ -1000,6 +1106,7 @@ mod tests {
                 t0,
                 horizon,
                 probation,
+                true,
             )
         };
         let s = at(&mut ring, Horizon::Whole);
@@ -1036,6 +1143,7 @@ mod tests {
             i64::MIN / 2,
             Horizon::Recent,
             NOT_ON_PROBATION,
+            true,
         );
         assert_eq!(s.quota_remaining, Some(9_000));
         assert_eq!(s.quota_exhausted_in_ms, Some(900_000));

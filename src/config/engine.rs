@@ -88,6 +88,14 @@ pub struct EngineConfig {
     /// drained a healthy channel in the 24 h drill. On probation the plain
     /// P99 is used: there a few outliers must count against letting it back.
     pub quantile_min_tail: u32,
+    /// How often a channel's median latency (the
+    /// `hermes_channel_latency_seconds{percentile="50"}` gauge) is read: at
+    /// most once per evaluation. Reading it merges every centroid of the
+    /// view, about a tenth of an evaluation's cost at every tick, for a
+    /// gauge; once per short window, each reading is the median of the
+    /// minute before it. Decisions that use the median (an intermittence
+    /// verdict) read it when they need it, whatever this says.
+    pub latency_median_interval_ms: i64,
     /// A channel with no events for this long while its partition advances is
     /// reported silent. Seed 004 wants gaps noticed within a minute.
     pub silent_after_ms: i64,
@@ -140,6 +148,7 @@ impl Default for EngineConfig {
             baseline_windows: 30,
             baseline_min_windows: 5,
             quantile_min_tail: 5,
+            latency_median_interval_ms: 60_000,
             silent_after_ms: 60_000,
             quota_horizon_ms: 3_600_000,
         }
@@ -188,6 +197,10 @@ impl EngineConfig {
             ("evaluation_interval_ms", self.evaluation_interval_ms),
             ("silent_after_ms", self.silent_after_ms),
             ("quota_horizon_ms", self.quota_horizon_ms),
+            (
+                "latency_median_interval_ms",
+                self.latency_median_interval_ms,
+            ),
         ] {
             v.positive_ms(format!("engine.{k}"), x);
         }

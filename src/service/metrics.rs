@@ -671,7 +671,7 @@ impl Metrics {
         gauges(
             enc,
             "hermes_channel_latency",
-            "Latency percentile over the short window (a t-digest estimate).",
+            "Latency percentile over the short window (a t-digest estimate; the median is read every engine.latency_median_interval_ms, 1 min by default).",
             Some(Unit::Seconds),
             latency,
         )?;

@@ -527,7 +527,6 @@ impl Partition {
                 });
             }
             let measured = self.engine.signals(idx);
-            let lat = measured.latency;
             let signal_values = crate::signals::SignalKind::ALL
                 .iter()
                 .filter_map(|k| measured.get(*k).map(|m| (k.name(), m.value)))
@@ -541,7 +540,7 @@ impl Partition {
                 health_weight: h.weight,
                 pinned: h.pinned,
                 failure_rate: h.failure_rate,
-                p50_ms: lat.map(|l| l.p50_ms),
+                p50_ms: self.engine.latency_median(idx),
                 p99_ms: h.p99_ms,
                 error_rate: h.error_rate,
                 signal_values,
