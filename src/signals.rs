@@ -928,6 +928,30 @@ mod tests {
         )
     }
 
+    /// `measure` of the recent horizon, no probation, at `now`.
+    fn recent(
+        ring: &mut SliceRing,
+        outcomes: &OutcomeWindow,
+        baseline: &Baseline,
+        cfg: &EngineConfig,
+        policy: &SignalPolicies,
+        now: i64,
+        median: bool,
+    ) -> Signals {
+        measure(
+            ring,
+            outcomes,
+            baseline,
+            &cfg.horizons(),
+            policy,
+            now,
+            i64::MIN / 2,
+            Horizon::Recent,
+            NOT_ON_PROBATION,
+            median,
+        )
+    }
+
     #[test]
     fn a_signal_under_its_minimum_sample_size_does_not_vote() {
         let (mut ring, outcomes, baseline, cfg, policy) = setup();
@@ -939,16 +963,13 @@ mod tests {
             e.error_class = ErrorClass::ServerError;
             ring.record(&e);
         }
-        let s = measure(
+        let s = recent(
             &mut ring,
             &outcomes,
             &baseline,
-            &cfg.horizons(),
+            &cfg,
             &policy,
             t0 + 1000,
-            i64::MIN / 2,
-            Horizon::Recent,
-            NOT_ON_PROBATION,
             true,
         );
         assert_eq!(s.get(SignalKind::ErrorRate), None);
@@ -972,18 +993,7 @@ mod tests {
             ring.record(&e);
         }
         let now = t0 + 29 * 8000;
-        let s = measure(
-            &mut ring,
-            &outcomes,
-            &baseline,
-            &cfg.horizons(),
-            &policy,
-            now,
-            i64::MIN / 2,
-            Horizon::Recent,
-            NOT_ON_PROBATION,
-            true,
-        );
+        let s = recent(&mut ring, &outcomes, &baseline, &cfg, &policy, now, true);
         let m = s.get(SignalKind::ErrorRate).unwrap();
         assert_eq!(m.samples, 30);
         assert!((m.value - 10.0 / 30.0).abs() < 1e-9);
@@ -1002,16 +1012,13 @@ mod tests {
             e.latency_ms = 1_000 + (i % 10) as i32 * 10;
             ring.record(&e);
         }
-        let s = measure(
+        let s = recent(
             &mut ring,
             &outcomes,
             &baseline,
-            &cfg.horizons(),
+            &cfg,
             &policy,
             t0 + 20_000,
-            i64::MIN / 2,
-            Horizon::Recent,
-            NOT_ON_PROBATION,
             true,
         );
         let rel = s.get(SignalKind::RelativeP99).unwrap().value;
@@ -1042,20 +1049,8 @@ mod tests {
                 ring.record(&e);
             }
             let now = t0 + 90_000;
-            let mut at = |median| {
-                measure(
-                    &mut ring,
-                    &outcomes,
-                    &baseline,
-                    &cfg.horizons(),
-                    &policy,
-                    now,
-                    i64::MIN / 2,
-                    Horizon::Recent,
-                    NOT_ON_PROBATION,
-                    median,
-                )
-            };
+            let mut at =
+                |median| recent(&mut ring, &outcomes, &baseline, &cfg, &policy, now, median);
             let with = at(true);
             let without = at(false);
             let l = with.latency.expect("a P99");
@@ -1133,16 +1128,13 @@ mod tests {
             e.quota_remaining = Some(10_000 - i * 10); // 10 per second
             ring.record(&e);
         }
-        let s = measure(
+        let s = recent(
             &mut ring,
             &outcomes,
             &baseline,
-            &cfg.horizons(),
+            &cfg,
             &policy,
             t0 + 100_000,
-            i64::MIN / 2,
-            Horizon::Recent,
-            NOT_ON_PROBATION,
             true,
         );
         assert_eq!(s.quota_remaining, Some(9_000));
