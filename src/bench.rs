@@ -312,7 +312,6 @@ pub fn encoded_traffic(
     Ok(())
 }
 
-/// The calling thread's CPU time (user and system).
 /// `total` plus the CPU time between two readings (`None` once a reading
 /// failed).
 fn add_cpu(
@@ -323,6 +322,7 @@ fn add_cpu(
     Some(total? + to?.saturating_sub(from?))
 }
 
+/// The calling thread's CPU time (user and system).
 pub fn thread_cpu_time() -> Option<Duration> {
     cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }

@@ -453,9 +453,10 @@ impl Default for LatencyView {
 
 /// The median latency of the view behind `latency`'s P99 at `now_ms` (the
 /// evaluation that measured it): the value `measure` would have read with
-/// `median` set, read from the ring now. Merging every run of the view is
-/// most of an evaluation's cost, and only the median gauge and an
-/// intermittence verdict use it.
+/// `median` set, read from the ring now. Merging every run of the view
+/// for it at every evaluation took 7–8 % of the request path (README,
+/// session 23), and only the median gauge and an intermittence verdict
+/// use it.
 pub fn latency_median(ring: &mut SliceRing, latency: &LatencySummary, now_ms: i64) -> Option<f64> {
     latency.p50_ms.or_else(|| {
         let v = latency.view;
@@ -767,8 +768,9 @@ impl Pass<'_> {
     /// Quantile `q` of `which` over the first view (real views, or probe
     /// views for probe latency) whose counters show `min` by `count` and
     /// whose digest holds that many: the measurement, the digest behind
-    /// it and its view. A tail quantile of the recent horizon keeps `quantile_min_tail`
-    /// samples beyond it, so a tail is never one or two requests.
+    /// it and its view. A tail quantile of the recent horizon keeps
+    /// `quantile_min_tail` samples beyond it, so a tail is never one or
+    /// two requests.
     fn quantile(
         &mut self,
         which: Digest,
