@@ -312,14 +312,10 @@ pub fn encoded_traffic(
     Ok(())
 }
 
-/// `total` plus the CPU time between two readings (`None` once a reading
-/// failed).
-fn add_cpu(
-    total: Option<Duration>,
-    from: Option<Duration>,
-    to: Option<Duration>,
-) -> Option<Duration> {
-    Some(total? + to?.saturating_sub(from?))
+/// The CPU time between two readings of [`thread_cpu_time`] (`None` if
+/// either failed).
+fn cpu_between(from: Option<Duration>, to: Option<Duration>) -> Option<Duration> {
+    Some(to?.saturating_sub(from?))
 }
 
 /// The calling thread's CPU time (user and system).
@@ -484,7 +480,9 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             decoded += decoder.decode(rec, &NoRegistry).is_ok() as usize;
         }
         decode_time += started.elapsed();
-        decode_cpu = add_cpu(decode_cpu, cpu_started, thread_cpu_time());
+        decode_cpu = decode_cpu
+            .zip(cpu_between(cpu_started, thread_cpu_time()))
+            .map(|(t, c)| t + c);
         anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
         let records: Vec<&[u8]> = encoded.records().collect();
         let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
@@ -503,12 +501,11 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             );
             apply_batch(&mut part, &events_of_batch, &mut offset, (skew, wall));
             let took = started.elapsed();
-            let cpu_ended = thread_cpu_time();
-            if let (Some(a), Some(b)) = (cpu_started, cpu_ended) {
-                let cpu = b.saturating_sub(a);
+            let cpu = cpu_between(cpu_started, thread_cpu_time());
+            if let Some(cpu) = cpu {
                 max_pause_cpu = Some(max_pause_cpu.map_or(cpu, |m| m.max(cpu)));
             }
-            apply_cpu = add_cpu(apply_cpu, cpu_started, cpu_ended);
+            apply_cpu = apply_cpu.zip(cpu).map(|(t, c)| t + c);
             apply_time += took;
             max_pause = max_pause.max(took);
         }
