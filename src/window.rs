@@ -289,6 +289,14 @@ impl SliceDigests {
         self.count[k] == 0
     }
 
+    /// Empty, with room for `centroids` centroids.
+    fn with_capacity(centroids: usize) -> SliceDigests {
+        SliceDigests {
+            centroids: Vec::with_capacity(centroids),
+            ..SliceDigests::default()
+        }
+    }
+
     /// Holds nothing again, keeping its buffer (a fine slot's next slice).
     fn clear(&mut self) {
         let mut centroids = std::mem::take(&mut self.centroids);
@@ -409,6 +417,11 @@ pub struct SliceRing {
     /// Digests of the older slices, a pane per `pane_slices` aligned
     /// slices (split at `split`), oldest first.
     panes: std::collections::VecDeque<Pane>,
+    /// Buffers for the next panes: reserved at the first event (one per
+    /// pane the ring holds, each the size of a pane's digests), then those
+    /// of the panes that left the ring. A pane made later takes one
+    /// instead of growing its own (see [`SliceRing::most_panes`]).
+    spare: Vec<SliceDigests>,
     /// Every slice up to this one has been moved out of `fine`.
     moved_through: i64,
     /// The first slice of the latest probation (`i64::MIN`: none): no pane
@@ -467,6 +480,7 @@ impl SliceRing {
             fine: Vec::new(),
             fine_indices: Vec::new(),
             panes: Default::default(),
+            spare: Vec::new(),
             moved_through: i64::MIN,
             split: i64::MIN,
             short_slices: cfg.short_slices.clamp(1, cfg.slices.max(1)),
@@ -487,6 +501,29 @@ impl SliceRing {
 
     fn slot(&self, index: i64) -> usize {
         index.rem_euclid(self.len as i64) as usize
+    }
+
+    /// How many panes a ring holds at most, but for several probations
+    /// starting within one long window: the slices older than the short
+    /// view in aligned runs of `pane_slices` (one more when they are not
+    /// aligned), one cut at a probation's start, and for a moment (before
+    /// [`SliceRing::retire_through`] forgets those that left the ring) the
+    /// panes a channel back from a quiet spell makes for its short view's
+    /// slices. Reserved at a channel's first event: grown later, it grew
+    /// for every channel in the same second (one long window after they
+    /// started together, as at a service's start), each into fresh memory,
+    /// which with huge pages is a fault of 2 MB: the longest pause of the
+    /// request path.
+    fn most_panes(&self) -> usize {
+        let p = self.pane_slices as usize;
+        self.live_panes() + 1 + self.short_slices.div_ceil(p) + 1
+    }
+
+    /// The panes a busy channel's ring holds at steady state (with a pane
+    /// begun for the newest slices out of the short view).
+    fn live_panes(&self) -> usize {
+        let older = self.len.saturating_sub(self.short_slices);
+        older.div_ceil(self.pane_slices as usize) + 1
     }
 
     /// Slice number of an event time.
@@ -513,6 +550,11 @@ impl SliceRing {
                 self.indices = vec![i64::MIN; self.len];
                 self.fine = vec![SliceDigests::default(); self.short_slices];
                 self.fine_indices = vec![i64::MIN; self.short_slices];
+                self.panes = std::collections::VecDeque::with_capacity(self.most_panes());
+                let pane = STAGE_KINDS * self.pane_size;
+                self.spare = (0..self.live_panes())
+                    .map(|_| SliceDigests::with_capacity(pane))
+                    .collect();
             }
             let index = self.slice_of(t);
             let slot = self.slot(index);
@@ -720,7 +762,7 @@ impl SliceRing {
                         lo,
                         hi,
                         held: (i64::MAX, i64::MIN),
-                        digests: SliceDigests::default(),
+                        digests: self.spare.pop().unwrap_or_default(),
                     },
                 );
                 i
@@ -757,12 +799,20 @@ impl SliceRing {
                 // slots' buffers rather than keep them for slices that
                 // may never come.
                 self.fine[f] = SliceDigests::default();
+                self.spare = Vec::new();
             }
         }
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
         while self.panes.front().is_some_and(|p| p.held.1 < oldest) {
-            self.panes.pop_front();
+            let Some(mut gone) = self.panes.pop_front() else {
+                break;
+            };
+            // Kept for the pane made next, while the channel is busy.
+            if self.last.0 > through && self.spare.len() < self.live_panes() {
+                gone.digests.clear();
+                self.spare.push(gone.digests);
+            }
         }
     }
 
@@ -1166,6 +1216,54 @@ mod tests {
             let got = d.estimate_quantile(q);
             assert!((got - want).abs() <= 15.0, "q {q}: {got} vs {want}");
         }
+    }
+
+    #[test]
+    fn the_panes_never_grow_after_a_channels_first_event() {
+        let c = cfg();
+        let mut ring = SliceRing::new(c.ring_shape());
+        // Not aligned to a pane, queried every 5 s as the engine does, a
+        // probation starting mid-pane, and a quiet spell of 3 min.
+        let t0 = 1_000_000_000 - 1_000_000_000 % 60_000 + 17_000;
+        ring.record(&ev_at(t0, 100));
+        let reserved = ring.panes.capacity();
+        assert!(reserved >= ring.most_panes(), "{reserved}");
+        let buffers: Vec<*const digest::Packed> =
+            ring.spare.iter().map(|d| d.centroids.as_ptr()).collect();
+        assert_eq!(buffers.len(), ring.live_panes());
+        let mut most = 0;
+        for i in 1..(15 * 60 * 4) {
+            let t = t0 + i * 250;
+            let quiet = (8 * 60_000..11 * 60_000).contains(&(t - t0));
+            if !quiet {
+                ring.record(&ev_at(t, spread(i)));
+            }
+            if i % 20 == 0 {
+                let not_before = if t - t0 >= 6 * 60_000 + 25_000 {
+                    t0 + 6 * 60_000 + 25_000
+                } else {
+                    i64::MIN / 2
+                };
+                ring.digest(Digest::Latency, t, c.long_window_ms, not_before);
+            }
+            most = most.max(ring.panes.len());
+            assert_eq!(ring.panes.capacity(), reserved, "grown at {} ms", t - t0);
+            if t - t0 < 6 * 60_000 + 25_000 {
+                // Until the probation (whose cut makes one pane more),
+                // every pane's digests are in a buffer reserved at the
+                // first event.
+                for p in &ring.panes {
+                    let at = p.digests.centroids.as_ptr();
+                    assert!(buffers.contains(&at), "a new buffer at {} ms", t - t0);
+                }
+            }
+            if quiet && t - t0 > 9 * 60_000 {
+                // Quiet, it lets its spare buffers go.
+                assert!(ring.spare.is_empty());
+            }
+        }
+        // The run did fill the panes a ring holds.
+        assert!(most >= 5, "{most} panes at most");
     }
 
     #[test]
