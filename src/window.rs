@@ -777,6 +777,9 @@ impl SliceRing {
         if through <= self.moved_through || self.fine.is_empty() {
             return;
         }
+        // Nothing newer than `through` has come: a quiet channel frees its
+        // buffers rather than keep them for slices that may never come.
+        let busy = self.last.0 > through;
         // Oldest first; a slot keeps its buffer for the slice that takes
         // it next (`digests_of`) while the channel has newer slices.
         while let Some((index, f)) = (0..self.fine.len())
@@ -792,15 +795,14 @@ impl SliceRing {
             self.panes[i]
                 .hold(index)
                 .merge_from(&self.fine[f], self.pane_size);
-            if self.last.0 > through {
+            if busy {
                 self.fine[f].clear();
             } else {
-                // Nothing newer has come: a quiet channel frees its
-                // slots' buffers rather than keep them for slices that
-                // may never come.
                 self.fine[f] = SliceDigests::default();
-                self.spare = Vec::new();
             }
+        }
+        if !busy {
+            self.spare = Vec::new();
         }
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
@@ -808,8 +810,8 @@ impl SliceRing {
             let Some(mut gone) = self.panes.pop_front() else {
                 break;
             };
-            // Kept for the pane made next, while the channel is busy.
-            if self.last.0 > through && self.spare.len() < self.live_panes() {
+            // Kept for the pane made next.
+            if busy && self.spare.len() < self.live_panes() {
                 gone.digests.clear();
                 self.spare.push(gone.digests);
             }
