@@ -55,17 +55,30 @@ const STAGE_OUTPUT: usize = 4;
 const STAGE_KINDS: usize = 5;
 const STAGE_CAPACITY: usize = 64;
 
-/// A channel's staged values (`SliceRing::stage`), `STAGE_CAPACITY` per
-/// kind, kind after kind, in one allocation made at its first value: an
-/// event's values (latency, TTFB, output size: up to three kinds) land on
-/// one page, where a buffer per kind put them on up to three, each a
-/// page-table walk of its own when thousands of channels' state is read
-/// at random.
-#[derive(Default)]
+/// Values of one slice waiting to be merged into its digests
+/// (`SliceRing::stage`), `STAGE_CAPACITY` per kind, kind after kind, in
+/// one allocation made at its first value: an event's values (latency,
+/// TTFB, output size: up to three kinds) land on one page, where a buffer
+/// per kind put them on up to three, each a page-table walk of its own
+/// when thousands of channels' state is read at random.
 struct Staging {
+    /// The slice the values belong to (`i64::MIN`: none yet) and its slot.
+    slice: i64,
+    slot: usize,
     /// Empty until the first value, then `STAGE_KINDS * STAGE_CAPACITY`.
     values: Box<[f32]>,
     lens: [u8; STAGE_KINDS],
+}
+
+impl Default for Staging {
+    fn default() -> Staging {
+        Staging {
+            slice: i64::MIN,
+            slot: 0,
+            values: Box::default(),
+            lens: [0; STAGE_KINDS],
+        }
+    }
 }
 
 impl Staging {
@@ -381,8 +394,7 @@ pub struct SliceRing {
     /// of a channel nearly always land in the same slice as the previous one,
     /// and this saves the two 64-bit divisions per event on the hot path.
     last: (i64, i64, usize),
-    /// Values waiting to be merged into the digests of slice `stage[b].0`
-    /// in slot `stage[b].1` (`i64::MIN`: none yet) are in `staged[b]`: two
+    /// Values waiting to be merged into their slice's digests: two
     /// small reused buffers per channel, for the two slices it last took
     /// events for, instead of t-digest's 5 × size push buffer per digest
     /// per slice (that allocated tens of MB of fresh memory per thousand
@@ -392,7 +404,7 @@ pub struct SliceRing {
     /// drained when full, when a third slice takes it (the older of the
     /// two), before its slice leaves the short view, and before every
     /// query. `cur`: the buffer of the slice in `last`.
-    stage: [(i64, usize); 2],
+    staged: [Staging; 2],
     cur: usize,
     slice_ms: i64,
     /// Empty until the first event, then `len` slots.
@@ -401,7 +413,6 @@ pub struct SliceRing {
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
     indices: Vec<i64>,
-    staged: [Staging; 2],
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -490,9 +501,8 @@ impl SliceRing {
             slice_size: size,
             // Start at i64::MAX: the first event never matches (and never overflows).
             last: (i64::MIN, i64::MAX, 0),
-            stage: [(i64::MIN, 0); 2],
-            cur: 0,
             staged: Default::default(),
+            cur: 0,
             long_input_tokens: cfg.long_input_tokens.min(i32::MAX as u32) as i32,
             short_output_tokens: cfg.short_output_tokens.min(i32::MAX as u32) as i32,
             slow_request_ms: cfg.slow_request_ms.min(i32::MAX as u32) as i32,
@@ -564,18 +574,18 @@ impl SliceRing {
             // `index` takes is free.
             let through = index - self.short_slices as i64;
             for b in 0..2 {
-                if self.stage[b].0 <= through {
+                if self.staged[b].slice <= through {
                     self.drain_stage(b);
                 }
             }
             self.retire_through(through);
-            self.cur = match self.stage.iter().position(|s| s.0 == index) {
+            self.cur = match self.staged.iter().position(|s| s.slice == index) {
                 Some(b) => b,
                 None => {
                     // The older of the two buffers takes the new slice.
-                    let b = (self.stage[1].0 < self.stage[0].0) as usize;
+                    let b = (self.staged[1].slice < self.staged[0].slice) as usize;
                     self.drain_stage(b);
-                    self.stage[b] = (index, slot);
+                    (self.staged[b].slice, self.staged[b].slot) = (index, slot);
                     b
                 }
             };
@@ -695,7 +705,7 @@ impl SliceRing {
     /// fine slot while it is in the short view, its pane once it has left
     /// (a late event).
     fn drain_stage(&mut self, b: usize) {
-        let (index, slot) = self.stage[b];
+        let (index, slot) = (self.staged[b].slice, self.staged[b].slot);
         if self.staged[b].is_empty() {
             return;
         }
