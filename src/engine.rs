@@ -774,7 +774,7 @@ impl Engine {
     fn measure_channel(&mut self, idx: usize, now: i64) {
         let short_ms = self.cfg.engine.short_window_ms;
         let ch = &mut self.channels[idx];
-        let policy = ch.cfg.policy.clone();
+        let policy = &*ch.cfg.policy;
         let since = ch.machine.evidence_since_ms().unwrap_or(i64::MIN / 2);
         let median = ch.latency_median.is_none() || now >= ch.next_median_ms;
         let horizon = if ch.machine.kind() == StateKind::Observing {
@@ -937,7 +937,7 @@ impl Engine {
                         &sc,
                         || {
                             let l = ch.signals.latency?;
-                            crate::signals::latency_median(&mut ch.ring, &l, now)
+                            crate::signals::read_latency_median(&mut ch.ring, &l, now)
                         },
                         &ch.baseline,
                         &policy,

@@ -140,7 +140,7 @@ pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// not intermittent, nor is one failing a share of its requests. Such a
 /// probation looks clean until an attempt falls inside the fault, so its
 /// relapses hold later probations (`StatePolicy::intermittent_hold_factor`).
-/// `median` reads that median (`signals::latency_median`); it is called
+/// `median` reads that median (`signals::read_latency_median`); it is called
 /// only when the tail carries the score.
 pub fn intermittent(
     sc: &Score,

@@ -425,7 +425,7 @@ pub struct Probation {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LatencySummary {
     /// The median of the view behind the P99, when this evaluation read it
-    /// (`measure`'s `median`); [`latency_median`] reads it when it did not.
+    /// (`measure`'s `median`); [`read_latency_median`] reads it when it did not.
     pub p50_ms: Option<f64>,
     pub p99_ms: f64,
     pub samples: u32,
@@ -457,7 +457,11 @@ impl Default for LatencyView {
 /// for it at every evaluation took 7–8 % of the request path (README,
 /// session 23), and only the median gauge and an intermittence verdict
 /// use it.
-pub fn latency_median(ring: &mut SliceRing, latency: &LatencySummary, now_ms: i64) -> Option<f64> {
+pub fn read_latency_median(
+    ring: &mut SliceRing,
+    latency: &LatencySummary,
+    now_ms: i64,
+) -> Option<f64> {
     latency.p50_ms.or_else(|| {
         let v = latency.view;
         ring.digest(v.digest, now_ms, v.window_ms, v.not_before_ms)
@@ -1062,9 +1066,9 @@ mod tests {
             assert_eq!(lazy.p50_ms, None);
             assert_eq!((lazy.p99_ms, lazy.view), (l.p99_ms, l.view));
             assert_eq!((l.view.digest, l.view.window_ms), view);
-            assert_eq!(latency_median(&mut ring, &lazy, now), Some(expected));
+            assert_eq!(read_latency_median(&mut ring, &lazy, now), Some(expected));
             // A median already read is not read again.
-            assert_eq!(latency_median(&mut ring, &l, now), Some(expected));
+            assert_eq!(read_latency_median(&mut ring, &l, now), Some(expected));
         }
     }
 
