@@ -3,7 +3,10 @@
 //!
 //! It runs what `hermes run` runs per record, minus Kafka: decode (plain
 //! Avro), then one [`Partition`] (dedup, engine, outputs), one partition
-//! holding every channel, on one thread. Traffic is `rate` events per second
+//! holding every channel, on one thread, and emits the outputs as the
+//! service does ([`Outputs::emit`](crate::service::partition::Outputs::emit):
+//! alerts encoded, gauges into a metrics registry, health reports as JSON)
+//! to a sink that drops them where the service hands them to Kafka. Traffic is `rate` events per second
 //! per channel on average (uniform, or skewed so that a few channels carry
 //! most of it), stamped in event time, by one gateway or by several whose
 //! clocks disagree (`clock_spread_ms`): then a channel's events arrive out
@@ -16,13 +19,17 @@
 //! figure), then decoded and applied (timed: the request path). The longest
 //! pause is the slowest batch of [`PAUSE_BATCH`] records (an evaluation
 //! tick lands inside one). Memory is the resident set size that the
-//! partition added, from `/proc/self/statm` (Linux; `None` elsewhere), so
+//! partition and the registry's gauges added, from `/proc/self/statm` (Linux; `None` elsewhere), so
 //! freed-but-kept allocator memory counts, as it does for a capacity plan.
 
+use crate::alert::AlertEvent;
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::service::partition::{Hint, Lookahead, Partition, Position, Step};
+use crate::health::HealthReport;
+use crate::service::metrics::Metrics;
+use crate::service::partition::{Hint, Lookahead, OutputSink, Partition, Position, Step};
+use crate::service::state_store::StateWrite;
 use crate::sim::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -369,10 +376,31 @@ impl Encoded {
     }
 }
 
-/// One record through the partition as the request loop handles it
-/// (`wall`: the traffic's arrival time stands in for the wall clock).
+/// The service's outputs without Kafka and the state store: what the
+/// request thread does to them (encoding, gauges) is measured, what the
+/// producer does is not.
+struct Discard;
+
+impl OutputSink for Discard {
+    fn alert(&mut self, _: &AlertEvent, _: &str, record: &[u8]) -> anyhow::Result<()> {
+        std::hint::black_box(record);
+        Ok(())
+    }
+
+    fn save(&mut self, write: StateWrite) {
+        std::hint::black_box(write);
+    }
+
+    fn report(&mut self, report: HealthReport, json: &[u8]) {
+        std::hint::black_box((report, json));
+    }
+}
+
+/// One record through the partition as the request loop handles it, its
+/// outputs emitted into `metrics` as the service emits them (`wall`: the
+/// traffic's arrival time stands in for the wall clock).
 fn step(
-    part: &mut Partition,
+    (part, metrics): (&mut Partition, &Metrics),
     ev: &RequestEvent<'_>,
     hint: Hint,
     offset: i64,
@@ -381,14 +409,16 @@ fn step(
 ) {
     let _ = part.apply_hinted(ev, hint, offset, wall, skew);
     part.handled(offset, at);
-    let _ = part.outputs("bench", || wall);
+    let out = part.outputs("bench", || wall);
+    // The alert schema is not registered in the bench: plain Avro.
+    let _ = out.emit(metrics, None, &mut Discard);
 }
 
 /// A batch of records through the partition in order, hinting the memory
 /// of the records ahead as the request loop does. `clock`: the allowed
 /// skew and the wall time (ms) the batch is handled at.
 fn apply_batch(
-    part: &mut Partition,
+    (part, metrics): (&mut Partition, &Metrics),
     batch: &[RequestEvent<'_>],
     offset: &mut i64,
     clock: (i64, i64),
@@ -402,7 +432,14 @@ fn apply_batch(
             Step::Entry => part.prefetch_entry(&batch[j], &mut hints[j % PAUSE_BATCH]),
             Step::Windows => part.prefetch_windows(&batch[j], &hints[j % PAUSE_BATCH]),
         });
-        step(part, ev, hints[i % PAUSE_BATCH], *offset, clock, at);
+        step(
+            (part, metrics),
+            ev,
+            hints[i % PAUSE_BATCH],
+            *offset,
+            clock,
+            at,
+        );
         *offset += 1;
     }
 }
@@ -448,6 +485,9 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         .zip(before)
         .map(|(a, b)| a.saturating_sub(b) / opts.channels as u64);
     drop(idle);
+    // The service's registry: the gauges of every channel evaluated live
+    // there, and count as the channels' memory.
+    let metrics = Metrics::default();
     let before = rss_bytes();
     let mut part = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, dedup_ms);
     let mut offset = 0i64;
@@ -461,7 +501,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             batch.clear();
             batch.extend((start..end).map(|i| traffic.event(&sec, i)));
             let wall = sec.arrival_ms(end - 1, per_second);
-            apply_batch(&mut part, &batch, &mut offset, (skew, wall));
+            apply_batch((&mut part, &metrics), &batch, &mut offset, (skew, wall));
         }
     }
     let decoder = Decoder::new(WireFormat::Plain);
@@ -505,7 +545,12 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
                     .iter()
                     .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
             );
-            apply_batch(&mut part, &events_of_batch, &mut offset, (skew, wall));
+            apply_batch(
+                (&mut part, &metrics),
+                &events_of_batch,
+                &mut offset,
+                (skew, wall),
+            );
             let took = started.elapsed();
             let cpu = cpu_between(cpu_started, thread_cpu_time());
             if let Some(cpu) = cpu {

@@ -8,7 +8,7 @@
 //! state saves, gauges, health reports). The loop emits them in one place
 //! (`requests::Emitter`), with one failure policy.
 
-use super::metrics::ChannelGauges;
+use super::metrics::{ChannelGauges, Metrics};
 use super::overrides::Overrides;
 use super::state_store::{SavedState, StateWrite};
 use crate::alert::AlertEvent;
@@ -72,6 +72,51 @@ pub struct Outputs {
     pub gauges: Vec<(String, ChannelGauges)>,
     /// Health per group, once caught up and warm.
     pub reports: Vec<HealthReport>,
+}
+
+/// Where a step's outputs go once the request thread has encoded them:
+/// Kafka and the state store in the service (`requests`), nowhere in
+/// `hermes bench`, which measures the request thread's own work on them
+/// ([`Outputs::emit`]) but not the producer's.
+pub trait OutputSink {
+    /// An alert, its record key and its encoded record. An error stops the
+    /// loop before it commits past the record that raised the alert.
+    fn alert(&mut self, alert: &AlertEvent, key: &str, record: &[u8]) -> anyhow::Result<()>;
+    fn save(&mut self, write: StateWrite);
+    /// A health report and its JSON (the `hermes.health` payload).
+    fn report(&mut self, report: HealthReport, json: &[u8]);
+}
+
+impl Outputs {
+    /// What the request thread does with a step's outputs: alerts encoded
+    /// (Confluent-framed with `alert_schema_id` when set) and counted,
+    /// gauges into `metrics`, reports as JSON, each handed to `sink`.
+    pub fn emit(
+        self,
+        metrics: &Metrics,
+        alert_schema_id: Option<u32>,
+        sink: &mut impl OutputSink,
+    ) -> anyhow::Result<()> {
+        for a in self.alerts {
+            let key = a.channel_id.as_deref().unwrap_or(&a.route_group);
+            let record = a
+                .to_record(alert_schema_id)
+                .map_err(|e| anyhow::anyhow!("alert encoding: {e}"))?;
+            sink.alert(&a, key, &record)?;
+            metrics.alert_produced(&a);
+        }
+        for w in self.saves {
+            sink.save(w);
+        }
+        for (id, g) in self.gauges {
+            metrics.set_channel(&id, g);
+        }
+        for report in self.reports {
+            let json = report.to_json();
+            sink.report(report, &json);
+        }
+        Ok(())
+    }
 }
 
 /// How far ahead of the record being applied a loop over a batch of

@@ -31,15 +31,18 @@ use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{Dependency, Metrics};
 use super::overrides::Overrides;
-use super::partition::{Applied, Hint, Lookahead, Outputs, Partition, Position, Refused, Step};
+use super::partition::{
+    Applied, Hint, Lookahead, OutputSink, Outputs, Partition, Position, Refused, Step,
+};
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
-use super::state_store::{SavedState, StateStore};
+use super::state_store::{SavedState, StateStore, StateWrite};
+use crate::alert::AlertEvent;
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
 use crate::config::{Config, Runtime};
 use crate::event::RequestEvent;
 use crate::health::HealthReport;
-use anyhow::{anyhow, Context as _};
+use anyhow::Context as _;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseRecord, Producer};
@@ -266,50 +269,49 @@ impl Emitter {
     }
 
     fn outputs(&self, out: Outputs) -> anyhow::Result<()> {
-        let topics = &self.runtime.kafka;
-        for a in out.alerts {
-            let key = a.channel_id.as_deref().unwrap_or(&a.route_group);
-            let bytes = a
-                .to_record(self.alert_schema_id)
-                .map_err(|e| anyhow!("alert encoding: {e}"))?;
-            let rec = BaseRecord::to(&topics.alert_topic)
-                .key(key.as_bytes())
-                .payload(&bytes[..]);
-            if !kafka::send(&self.producer, rec) {
-                anyhow::bail!("alert produce failed; not committing past it");
-            }
-            self.metrics.alert_produced(&a);
-        }
-        if let Some(store) = &self.store {
-            for w in out.saves {
-                store.save(w);
-            }
-        }
-        for (id, g) in out.gauges {
-            self.metrics.set_channel(&id, g);
-        }
-        for report in out.reports {
-            let bytes = report.to_json();
-            let rec = BaseRecord::to(&topics.health_topic)
-                .key(report.group.as_bytes())
-                .payload(&bytes[..]);
-            if kafka::send(&self.producer, rec) {
-                Metrics::inc(&self.metrics.health_reports);
-            } else {
-                Metrics::inc(&self.metrics.health_reports_undelivered);
-                tracing::warn!(group = %report.group, "health report not enqueued; the next one replaces it");
-            }
-            match self.local_reports.try_send(report) {
-                Ok(()) => {}
-                Err(tokio::sync::mpsc::error::TrySendError::Full(report)) => {
-                    Metrics::inc(&self.metrics.health_reports_undelivered);
-                    tracing::warn!(group = %report.group, "this process's group writers are behind; the next health report replaces this one");
-                }
-                // The writers stopped: the service is stopping.
-                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
-            }
+        let mut sink = self;
+        out.emit(&self.metrics, self.alert_schema_id, &mut sink)
+    }
+}
+
+/// The service's outputs: alerts and health reports to Kafka, reports to
+/// this process's group writers too, state machines to the state store.
+impl OutputSink for &Emitter {
+    fn alert(&mut self, _: &AlertEvent, key: &str, record: &[u8]) -> anyhow::Result<()> {
+        let rec = BaseRecord::to(&self.runtime.kafka.alert_topic)
+            .key(key.as_bytes())
+            .payload(record);
+        if !kafka::send(&self.producer, rec) {
+            anyhow::bail!("alert produce failed; not committing past it");
         }
         Ok(())
+    }
+
+    fn save(&mut self, write: StateWrite) {
+        if let Some(store) = &self.store {
+            store.save(write);
+        }
+    }
+
+    fn report(&mut self, report: HealthReport, json: &[u8]) {
+        let rec = BaseRecord::to(&self.runtime.kafka.health_topic)
+            .key(report.group.as_bytes())
+            .payload(json);
+        if kafka::send(&self.producer, rec) {
+            Metrics::inc(&self.metrics.health_reports);
+        } else {
+            Metrics::inc(&self.metrics.health_reports_undelivered);
+            tracing::warn!(group = %report.group, "health report not enqueued; the next one replaces it");
+        }
+        match self.local_reports.try_send(report) {
+            Ok(()) => {}
+            Err(tokio::sync::mpsc::error::TrySendError::Full(report)) => {
+                Metrics::inc(&self.metrics.health_reports_undelivered);
+                tracing::warn!(group = %report.group, "this process's group writers are behind; the next health report replaces this one");
+            }
+            // The writers stopped: the service is stopping.
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {}
+        }
     }
 }
 
