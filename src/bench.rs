@@ -5,12 +5,13 @@
 //! Avro), then one [`Partition`] (dedup, engine, outputs), one partition
 //! holding every channel, on one thread, and emits the outputs as the
 //! service does ([`Outputs::emit`](crate::service::partition::Outputs::emit):
-//! alerts encoded, gauges into a metrics registry, health reports as JSON)
-//! to a sink that drops them where the service hands them to Kafka. Traffic is `rate` events per second
-//! per channel on average (uniform, or skewed so that a few channels carry
-//! most of it), stamped in event time, by one gateway or by several whose
-//! clocks disagree (`clock_spread_ms`): then a channel's events arrive out
-//! of event-time order by up to that much, as they do from a real fleet.
+//! alerts encoded, gauges into a metrics registry, health reports as
+//! JSON) to a sink that drops them where the service hands them to Kafka.
+//! Traffic is `rate` events per second per channel on average (uniform, or
+//! skewed so that a few channels carry most of it), stamped in event time,
+//! by one gateway or by several whose clocks disagree (`clock_spread_ms`):
+//! then a channel's events arrive out of event-time order by up to that
+//! much, as they do from a real fleet.
 //!
 //! Steady state means windows full: the run first warms up for the long
 //! window (default 300 s of event time, not timed, events applied without
@@ -19,10 +20,10 @@
 //! figure), then decoded and applied (timed: the request path). The longest
 //! pause is the slowest batch of [`PAUSE_BATCH`] records (an evaluation
 //! tick lands inside one). Memory is the resident set size that the
-//! partition and the registry's gauges added, from `/proc/self/statm` (Linux; `None` elsewhere), so
-//! freed-but-kept allocator memory counts, as it does for a capacity plan.
+//! partition and the registry's gauges added, from `/proc/self/statm`
+//! (Linux; `None` elsewhere), so freed-but-kept allocator memory counts, as
+//! it does for a capacity plan.
 
-use crate::alert::AlertEvent;
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
 use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
@@ -382,7 +383,7 @@ impl Encoded {
 struct Discard;
 
 impl OutputSink for Discard {
-    fn alert(&mut self, _: &AlertEvent, _: &str, record: &[u8]) -> anyhow::Result<()> {
+    fn alert(&mut self, _: &str, record: &[u8]) -> anyhow::Result<()> {
         std::hint::black_box(record);
         Ok(())
     }

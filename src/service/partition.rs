@@ -6,7 +6,8 @@
 //! as values: a verdict per record ([`Applied`] or a [`Refused`] record for
 //! the dead-letter topic) and, after the engine moved, [`Outputs`] (alerts,
 //! state saves, gauges, health reports). The loop emits them in one place
-//! (`requests::Emitter`), with one failure policy.
+//! ([`Outputs::emit`], into `requests::Emitter`'s Kafka sink), with one
+//! failure policy; `hermes bench` runs the same emit into a sink that drops.
 
 use super::metrics::{ChannelGauges, Metrics};
 use super::overrides::Overrides;
@@ -79,9 +80,9 @@ pub struct Outputs {
 /// `hermes bench`, which measures the request thread's own work on them
 /// ([`Outputs::emit`]) but not the producer's.
 pub trait OutputSink {
-    /// An alert, its record key and its encoded record. An error stops the
-    /// loop before it commits past the record that raised the alert.
-    fn alert(&mut self, alert: &AlertEvent, key: &str, record: &[u8]) -> anyhow::Result<()>;
+    /// An alert's record key and encoded record. An error stops the loop
+    /// before it commits past the record that raised the alert.
+    fn alert(&mut self, key: &str, record: &[u8]) -> anyhow::Result<()>;
     fn save(&mut self, write: StateWrite);
     /// A health report and its JSON (the `hermes.health` payload).
     fn report(&mut self, report: HealthReport, json: &[u8]);
@@ -102,7 +103,7 @@ impl Outputs {
             let record = a
                 .to_record(alert_schema_id)
                 .map_err(|e| anyhow::anyhow!("alert encoding: {e}"))?;
-            sink.alert(&a, key, &record)?;
+            sink.alert(key, &record)?;
             metrics.alert_produced(&a);
         }
         for w in self.saves {

@@ -37,7 +37,6 @@ use super::partition::{
 use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore, StateWrite};
-use crate::alert::AlertEvent;
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
 use crate::config::{Config, Runtime};
 use crate::event::RequestEvent;
@@ -277,7 +276,7 @@ impl Emitter {
 /// The service's outputs: alerts and health reports to Kafka, reports to
 /// this process's group writers too, state machines to the state store.
 impl OutputSink for &Emitter {
-    fn alert(&mut self, _: &AlertEvent, key: &str, record: &[u8]) -> anyhow::Result<()> {
+    fn alert(&mut self, key: &str, record: &[u8]) -> anyhow::Result<()> {
         let rec = BaseRecord::to(&self.runtime.kafka.alert_topic)
             .key(key.as_bytes())
             .payload(record);
