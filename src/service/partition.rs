@@ -16,9 +16,11 @@ use crate::alert::AlertEvent;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{ApplyError, ChannelHint, Engine};
+use crate::engine::{ApplyError, ChannelHint, ChannelIdx, Engine};
 use crate::event::RequestEvent;
 use crate::health::HealthReport;
+use crate::short_str::ShortStr;
+use crate::signals::SignalKind;
 use crate::state::{Pin, StateMachine};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -69,8 +71,11 @@ pub struct Outputs {
     pub alerts: Vec<AlertEvent>,
     /// State machines that changed since they were last saved.
     pub saves: Vec<StateWrite>,
-    /// Per channel the partition carries, after an evaluation.
-    pub gauges: Vec<(String, ChannelGauges)>,
+    /// Per channel evaluated: its index in the partition's engine, its id
+    /// and its gauges.
+    pub gauges: Vec<(ChannelIdx, ShortStr, ChannelGauges)>,
+    /// The partition they come from.
+    pub partition: i32,
     /// Health per group, once caught up and warm.
     pub reports: Vec<HealthReport>,
 }
@@ -109,8 +114,8 @@ impl Outputs {
         for w in self.saves {
             sink.save(w);
         }
-        for (id, g) in self.gauges {
-            metrics.set_channel(&id, g);
+        for (idx, id, g) in self.gauges {
+            metrics.set_channel(self.partition, idx, id.as_str(), g);
         }
         for report in self.reports {
             let json = report.to_json();
@@ -545,7 +550,10 @@ impl Partition {
         // phases one channel (the board keeps the rest).
         let touched = self.engine.take_touched();
         let due = self.gate.due(&self.engine, &self.alerts);
-        let mut out = Outputs::default();
+        let mut out = Outputs {
+            partition: self.id,
+            ..Outputs::default()
+        };
         if replaying {
             self.alerts.clear();
         } else {
@@ -573,26 +581,27 @@ impl Partition {
                 });
             }
             let measured = self.engine.signals(idx);
-            let signal_values = crate::signals::SignalKind::ALL
-                .iter()
-                .filter_map(|k| measured.get(*k).map(|m| (k.name(), m.value)))
-                .filter(|(_, v)| v.is_finite())
-                .collect();
+            // The report's top contributions (`h.signals`), by kind.
+            let mut signals = [None; crate::health::TOP_SIGNALS];
+            let breakdown = self.engine.score(idx).map(|s| s.breakdown());
+            for (slot, top) in signals.iter_mut().zip(breakdown.into_iter().flatten()) {
+                *slot = Some(top);
+            }
             let g = ChannelGauges {
-                group: h.group.clone(),
-                state: h.state.as_str().to_string(),
+                group: ShortStr::new(&h.group),
+                state: h.state.as_str(),
                 score: h.score,
-                signals: h.signals.clone(),
+                signals,
                 health_weight: h.weight,
                 pinned: h.pinned,
                 failure_rate: h.failure_rate,
                 p50_ms: self.engine.latency_median(idx),
                 p99_ms: h.p99_ms,
                 error_rate: h.error_rate,
-                signal_values,
-                partition: self.id,
+                signal_values: SignalKind::ALL
+                    .map(|k| measured.get(k).map_or(f64::NAN, |m| m.value)),
             };
-            out.gauges.push((h.id.clone(), g));
+            out.gauges.push((idx, ShortStr::new(&h.id), g));
             healths.push(h);
         }
         if self.caught_up() && self.engine.is_warm() {
