@@ -91,9 +91,9 @@ fn main() {
         return;
     }
     println!(
-        "| drill | seed | failed (Hermes) | failed (static) | ratio | shed | detect_s | drain_s | recover_s | flaps | retrips | drains | false drains | overload_s | spend (budget) | peak hour / budget per hour |"
+        "| drill | seed | failed (Hermes) | failed (static) | ratio | shed | detect_s | drain_s | recover_s | flaps | retrips | drains | readmissions | pages (max per incident) | oscillations | group pages | false drains | overload_s | spend (budget) | peak hour / budget per hour |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let o = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.0}"));
     for r in &reports {
         let faulty: Vec<_> = r.channels.iter().filter(|c| c.faulty).collect();
@@ -109,7 +109,7 @@ fn main() {
             "-".into()
         };
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
             r.scenario,
             r.seed,
             r.failed_requests,
@@ -122,6 +122,15 @@ fn main() {
             r.channels.iter().map(|c| c.flaps).sum::<u32>(),
             r.channels.iter().map(|c| c.retrips).sum::<u32>(),
             r.channels.iter().map(|c| c.drains).sum::<u32>(),
+            r.channels.iter().map(|c| c.readmissions).sum::<u32>(),
+            r.channels.iter().map(|c| c.pages).sum::<u32>(),
+            r.channels
+                .iter()
+                .map(|c| c.max_pages_per_incident)
+                .max()
+                .unwrap_or(0),
+            r.channels.iter().map(|c| c.oscillations).sum::<u32>(),
+            r.group_pages,
             r.channels.iter().filter(|c| c.false_drain).count(),
             r.overload_s,
             match r.budget {
@@ -140,9 +149,9 @@ fn main() {
 /// times, the worst hour's spend against the budget.
 fn print_summary(reports: &[Report]) {
     println!(
-        "| drill | seeds | failed, Hermes | failed, static | ratio | shed | detect_s | drain_s | recover_s | flaps / retrips | false drains | peak hour / budget |"
+        "| drill | seeds | failed, Hermes | failed, static | ratio | shed | detect_s | drain_s | recover_s | flaps / retrips | readmissions | pages (max per incident) | oscillations | group pages | false drains | peak hour / budget |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut names: Vec<&str> = reports.iter().map(|r| r.scenario.as_str()).collect();
     names.dedup();
     for name in names {
@@ -174,7 +183,7 @@ fn print_summary(reports: &[Report]) {
         };
         let peak = rs.iter().map(|r| r.peak_hour_spend).reduce(f64::max);
         println!(
-            "| `{name}` | {} | {failed} | {failed_static} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+            "| `{name}` | {} | {failed} | {failed_static} | {} | {} | {} | {} | {} | {} / {} | {} | {} ({}) | {} | {} | {} | {} |",
             rs.iter().map(|r| r.seed.to_string()).collect::<Vec<_>>().join(","),
             if failed_static > 0 {
                 format!("{:.2}", failed as f64 / failed_static as f64)
@@ -187,6 +196,15 @@ fn print_summary(reports: &[Report]) {
             range(&|c| c.recover_s),
             chans(&|c| c.flaps as u64),
             chans(&|c| c.retrips as u64),
+            chans(&|c| c.readmissions as u64),
+            chans(&|c| c.pages as u64),
+            rs.iter()
+                .flat_map(|r| r.channels.iter())
+                .map(|c| c.max_pages_per_incident)
+                .max()
+                .unwrap_or(0),
+            chans(&|c| c.oscillations as u64),
+            sum(&|r| r.group_pages as u64),
             chans(&|c| c.false_drain as u64),
             match (peak, rs[0].budget_per_hour) {
                 (Some(p), Some(b)) => format!("{p:.0} / {b:.0}"),

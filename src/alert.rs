@@ -6,10 +6,21 @@
 //! upstream unavailable) are deduplicated per (channel, kind) within
 //! `alerts.dedup_window_ms` of event time.
 //!
-//! Severity, from the seeds: error rate above 2 % together with P99 above
-//! 800 ms is P1; P99 above 800 ms alone is P2; oscillation is P2; more than 6
-//! consecutive probe failures is P1 "upstream unavailable". A drain on the
-//! consecutive-failure fast path is P1 (the channel is down, not slow).
+//! Severity, from the seeds: a drain with error rate above 2 % together
+//! with P99 above 800 ms is P1; P99 above 800 ms alone is P2; oscillation is
+//! P2; more than 6 consecutive probe failures is P1 "upstream unavailable".
+//! A drain on the consecutive-failure fast path is P1 (the channel is down,
+//! not slow). A move to AT_RISK is P3: Hermes lowered the channel's weight
+//! and keeps watching, a ticket rather than a page.
+//!
+//! # One page per incident (SPEC §5a)
+//! P1 and P2 page someone. A channel's first page opens an *incident*;
+//! while it is open, one more page is let through as its escalation
+//! (UPSTREAM_UNAVAILABLE, or a page more severe than the first), and every
+//! other alert of the channel is published at P3. Oscillation pages by its
+//! own rule (once per episode of relapses, see `state`). The incident ends
+//! when the channel has been HEALTHY at full weight, with nothing that
+//! would have paged, for `alerts.incident_quiet_ms`.
 
 use crate::config::AlertConfig;
 use crate::event::avro_enum;
@@ -66,6 +77,12 @@ pub struct AlertEvent {
 }
 
 impl AlertEvent {
+    /// Whether the alert pages someone (P1 or P2); P3 is a ticket, INFO the
+    /// audit trail.
+    pub fn pages(&self) -> bool {
+        matches!(self.severity, Severity::P1 | Severity::P2)
+    }
+
     /// Encodes the alert as a bare Avro datum in `alert_event.avsc`.
     pub fn to_avro(&self) -> Result<Vec<u8>, crate::codec::CodecError> {
         let mut cfg = serde_avro_fast::ser::SerializerConfig::new(crate::codec::alert_schema());
@@ -237,11 +254,35 @@ impl DeadLetterRule {
     }
 }
 
-/// Stateful alert rules: dedup memory and a sequence for deterministic ids.
+/// Stateful alert rules: dedup memory, open incidents, and a sequence for
+/// deterministic ids.
 pub struct AlertRules {
     cfg: AlertConfig,
     last_raised: ahash::AHashMap<(u32, AlertKind), i64>,
+    /// Per channel index: its open incident (see the module doc).
+    incidents: ahash::AHashMap<u32, Incident>,
     seq: u64,
+}
+
+/// A channel's open incident, for paging.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Incident {
+    /// Severity of the page that opened it.
+    first: Severity,
+    escalated: bool,
+    /// Since when the channel has been HEALTHY at full weight with nothing
+    /// that would have paged.
+    calm_since_ms: Option<i64>,
+}
+
+/// P1 is the most severe.
+fn rank(s: Severity) -> u8 {
+    match s {
+        Severity::P1 => 3,
+        Severity::P2 => 2,
+        Severity::P3 => 1,
+        Severity::Info => 0,
+    }
 }
 
 impl AlertRules {
@@ -249,6 +290,7 @@ impl AlertRules {
         AlertRules {
             cfg,
             last_raised: ahash::AHashMap::new(),
+            incidents: ahash::AHashMap::new(),
             seq: 0,
         }
     }
@@ -256,6 +298,56 @@ impl AlertRules {
     fn id(&mut self, channel: &str, kind: AlertKind, t: i64) -> String {
         self.seq += 1;
         format!("{channel}/{}/{t}/{}", kind.as_str(), self.seq)
+    }
+
+    /// The severity an alert of `kind` for channel `index` is published at:
+    /// `severity`, unless the channel's open incident has paged already
+    /// (see the module doc). Opens the incident on a first page.
+    fn page(&mut self, index: u32, kind: AlertKind, severity: Severity) -> Severity {
+        if rank(severity) < rank(Severity::P2) || kind == AlertKind::Oscillation {
+            return severity;
+        }
+        match self.incidents.get_mut(&index) {
+            None => {
+                self.incidents.insert(
+                    index,
+                    Incident {
+                        first: severity,
+                        escalated: false,
+                        calm_since_ms: None,
+                    },
+                );
+                severity
+            }
+            Some(inc) => {
+                inc.calm_since_ms = None;
+                let escalation =
+                    kind == AlertKind::UpstreamUnavailable || rank(severity) > rank(inc.first);
+                if escalation && !inc.escalated {
+                    inc.escalated = true;
+                    severity
+                } else {
+                    Severity::P3
+                }
+            }
+        }
+    }
+
+    /// Tells the incident rule how channel `index` stands at tick `now_ms`:
+    /// `calm` is HEALTHY at full weight. An open incident ends after
+    /// `alerts.incident_quiet_ms` of calm.
+    pub fn observe_channel(&mut self, index: u32, now_ms: i64, calm: bool) {
+        let Some(inc) = self.incidents.get_mut(&index) else {
+            return;
+        };
+        if !calm {
+            inc.calm_since_ms = None;
+            return;
+        }
+        let since = *inc.calm_since_ms.get_or_insert(now_ms);
+        if now_ms - since >= self.cfg.incident_quiet_ms {
+            self.incidents.remove(&index);
+        }
     }
 
     /// Severity of a move to a worse state, from the signals behind it.
@@ -290,12 +382,16 @@ impl AlertRules {
                 (AlertKind::Override, Severity::P3)
             }
             TransitionReason::RecoveryStep { .. } => (AlertKind::WeightChange, Severity::Info),
+            _ if change.to == StateKind::AtRisk && change.from != StateKind::AtRisk => {
+                (AlertKind::Transition, Severity::P3)
+            }
             _ if worse(change.to) && change.from != StateKind::Drained => (
                 AlertKind::Transition,
                 self.degradation_severity(&change.reason, signals),
             ),
             _ => (AlertKind::Transition, Severity::Info),
         };
+        let severity = self.page(who.index, kind, severity);
         let message = if change.is_transition() {
             format!(
                 "channel {} {} -> {} ({}), weight {:.2} -> {:.2}",
@@ -372,14 +468,17 @@ impl AlertRules {
             SafetyChange::Entered {
                 bad_share,
                 bad_channels,
+                displaced_rps,
+                room_rps,
             } => (
                 Severity::P1,
                 format!("correlated_failure(bad_share={bad_share:.2}, channels={bad_channels})"),
                 format!(
                     "group {group}: {bad_channels} channels carrying {:.0} % of its capacity \
-                     degraded at once; a common cause (the model everywhere, or the gateways' \
-                     egress), not a channel fault: draining stops, traffic goes to the \
-                     least-bad channels",
+                     degraded at once, and the healthy channels have room for {room_rps:.1} of \
+                     the {displaced_rps:.1} rps they carry; a common cause (the model \
+                     everywhere, or the gateways' egress), not a channel fault: draining \
+                     stops, traffic goes to the least-bad channels",
                     bad_share * 100.0
                 ),
             ),
@@ -433,6 +532,7 @@ impl AlertRules {
             return;
         }
         self.last_raised.insert(key, now_ms);
+        let severity = self.page(who.index, kind, severity);
         out.push(AlertEvent {
             alert_id: self.id(who.channel, kind, now_ms),
             event_time_ms: now_ms,
@@ -563,26 +663,27 @@ mod tests {
 
     #[test]
     fn severity_follows_the_seed_rules() {
-        let mut rules = AlertRules::new(AlertConfig::default());
+        // A fresh rule set per alert: each is its channel's first page.
+        let rules = || AlertRules::new(AlertConfig::default());
         let drain = TransitionReason::ScoreDrain {
             score: 0.7,
             evaluations: 2,
         };
-        let a = rules.on_change(
+        let a = rules().on_change(
             &who(),
             &change(drain, StateKind::Drained),
             None,
             &signals(0.05, 900.0),
         );
         assert_eq!(a.severity, Severity::P1);
-        let a = rules.on_change(
+        let a = rules().on_change(
             &who(),
             &change(drain, StateKind::Drained),
             None,
             &signals(0.001, 900.0),
         );
         assert_eq!(a.severity, Severity::P2);
-        let a = rules.on_change(
+        let a = rules().on_change(
             &who(),
             &change(drain, StateKind::Drained),
             None,
@@ -590,7 +691,7 @@ mod tests {
         );
         assert_eq!(a.severity, Severity::P3);
         let fast = TransitionReason::ConsecutiveFailures { n: 3 };
-        let a = rules.on_change(
+        let a = rules().on_change(
             &who(),
             &change(fast, StateKind::Drained),
             None,
@@ -599,6 +700,68 @@ mod tests {
         assert_eq!(a.severity, Severity::P1);
         assert_eq!(a.kind, AlertKind::Transition);
         assert_eq!(a.reason, "consecutive_failures(n=3)");
+    }
+
+    #[test]
+    fn one_page_per_incident_then_one_escalation_until_a_quiet_spell() {
+        let cfg = AlertConfig::default();
+        let mut rules = AlertRules::new(cfg.clone());
+        let drain = TransitionReason::ScoreDrain {
+            score: 0.7,
+            evaluations: 2,
+        };
+        let at_risk = TransitionReason::ScoreAtRisk {
+            score: 0.5,
+            evaluations: 3,
+        };
+        // AT_RISK is a ticket, not a page.
+        let a = rules.on_change(
+            &who(),
+            &change(at_risk, StateKind::AtRisk),
+            None,
+            &signals(0.05, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P3);
+        // The drain pages (P2: P99 alone) and opens the incident.
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.001, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P2);
+        // A second drain of the same incident (a relapse) does not page ...
+        let mut relapse = change(drain, StateKind::Drained);
+        relapse.from = StateKind::Observing;
+        let a = rules.on_change(&who(), &relapse, None, &signals(0.001, 900.0));
+        assert_eq!(a.severity, Severity::P3);
+        // ... the upstream being unavailable escalates, once.
+        let mut out = Vec::new();
+        rules.on_probe_streak(&who(), 10_000, cfg.probe_failures_p1 + 1, &mut out);
+        let later = 10_000 + cfg.dedup_window_ms;
+        rules.on_probe_streak(&who(), later, cfg.probe_failures_p1 + 1, &mut out);
+        let severities: Vec<_> = out.iter().map(|a| a.severity).collect();
+        assert_eq!(severities, vec![Severity::P1, Severity::P3]);
+        // Calm (HEALTHY at full weight) for the quiet spell ends it; the
+        // next drain pages again.
+        rules.observe_channel(who().index, later, true);
+        rules.observe_channel(who().index, later + cfg.incident_quiet_ms - 1, true);
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.001, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P3, "the spell was one ms short");
+        rules.observe_channel(who().index, later + 1, true);
+        rules.observe_channel(who().index, later + 1 + cfg.incident_quiet_ms, true);
+        let a = rules.on_change(
+            &who(),
+            &change(drain, StateKind::Drained),
+            None,
+            &signals(0.001, 900.0),
+        );
+        assert_eq!(a.severity, Severity::P2);
     }
 
     #[test]

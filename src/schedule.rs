@@ -1027,6 +1027,7 @@ impl Scheduler {
                 let h = health.iter().find(|h| h.id == c.id)?;
                 Some(crate::safety::PeerHealth {
                     capacity_rps: c.capacity_rps,
+                    load_rps: h.demand_rps.iter().sum(),
                     bad: crate::safety::is_bad(
                         h.score,
                         c.policy.states.at_risk_enter,
@@ -1039,7 +1040,8 @@ impl Scheduler {
             })
             .collect();
         if warm {
-            self.safety[gi].update(now_ms, &peers, &self.cfg.safety);
+            let headroom = self.cfg.schedule.capacity_headroom;
+            self.safety[gi].update(now_ms, &peers, &self.cfg.safety, headroom);
         }
         self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated)
     }

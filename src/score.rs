@@ -78,17 +78,23 @@ pub fn score(signals: &Signals, policy: &SignalPolicies) -> Score {
     out
 }
 
-/// The value a signal is scored at. The failure rate (`bad_outcome_rate`)
-/// carries the weight of a drain on its own, so it is read at its Wilson
-/// lower bound (`bad_outcome_confidence_z`): one unlucky minute of a 2 %
+/// The value a signal is scored at: a rate at its Wilson lower bound, so
+/// its evidence counts in proportion to its samples (SPEC §5a). The failure
+/// rate (`bad_outcome_rate`) carries the weight of a drain on its own and
+/// is read at `bad_outcome_confidence_z`: one unlucky minute of a 2 %
 /// channel (14 bad of 200, 7 %, seen once a day or so) must not drain it,
-/// while 10 % over the same 200 attempts still reads 8 %.
+/// while 10 % over the same 200 attempts still reads 8 %. The other rates
+/// are read at `rate_confidence_z`. Both widen under
+/// `confidence_full_samples`. Quantiles are read as measured.
 fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f64 {
-    if kind == SignalKind::BadOutcomeRate {
-        crate::signals::wilson_low(m.value, m.samples, policy.bad_outcome_confidence_z)
+    let z = if kind == SignalKind::BadOutcomeRate {
+        policy.bad_outcome_confidence_z
+    } else if kind.is_rate() {
+        policy.rate_confidence_z
     } else {
-        m.value
-    }
+        return m.value;
+    };
+    crate::signals::wilson_low(m.value, m.samples, policy.z_at(z, m.samples))
 }
 
 /// The score the signals are still consistent with at `z` standard
@@ -101,7 +107,7 @@ fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f
 pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     bounded(signals, policy, &|k, m| {
         if k.is_rate() {
-            crate::signals::wilson_low(m.value, m.samples, z)
+            crate::signals::wilson_low(m.value, m.samples, policy.z_at(z, m.samples))
         } else {
             m.value
         }
@@ -242,6 +248,7 @@ mod tests {
         // (the score itself reads the failure rate at z = 1).
         let point = SignalPolicies {
             bad_outcome_confidence_z: 0.0,
+            rate_confidence_z: 0.0,
             ..SignalPolicies::default()
         };
         assert!(score(&at(0.05, 80), &point).value > 0.2);

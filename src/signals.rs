@@ -23,6 +23,10 @@ pub enum Method {
     },
     /// Hard failures among the last `engine.outcome_window` outcomes.
     RecentOutcomes,
+    /// Hard failures and bad answers, over the first view with
+    /// `min_samples` judged outcomes; each kind of bad answer also over the
+    /// answers that can show it (see [`bad_outcomes`]).
+    BadOutcomes,
     /// Quantile `q` of a digest, over the first view whose counters show
     /// `min_samples` by `count`. `probe_fallback`: with too little real
     /// traffic, the same quantile of probe latency (a drained channel).
@@ -74,7 +78,7 @@ macro_rules! signal_table {
         ];
 
         /// Config keys of `signals`: every signal, then the two settings.
-        const POLICY_KEYS: &[&str] = &[$($name,)* "client_error_weight", "bad_outcome_confidence_z"];
+        const POLICY_KEYS: &[&str] = &[$($name,)* "client_error_weight", "bad_outcome_confidence_z", "rate_confidence_z", "confidence_full_samples"];
     };
 }
 
@@ -139,12 +143,12 @@ signal_table! {
     /// drains (0.70 ≥ `drain_enter`), so any one kind of bad answer at 9–10 %
     /// of answers takes a channel out with normal status and latency, while
     /// 2–3 % (seed 000's healthy truncation floor) scores nothing.
+    /// Each kind is also judged over the answers that can show it (see
+    /// [`bad_outcomes`]): schema-invalid answers at 12 % of structured
+    /// requests that are a third of the traffic are 4 % of all answers.
     BadOutcomeRate = "bad_outcome_rate",
-        rate(false, |c, _| {
-            let judged = c.hard_failures + c.successes;
-            (ratio((c.hard_failures + c.bad_answers) as f64, judged), judged)
-        }),
-        sig(0.70, 0.03, 0.09, 50);
+        Method::BadOutcomes,
+        sig(0.70, 0.03, 0.08, 50);
     /// Share of 429 responses.
     RateLimitedRate = "rate_limited_rate",
         rate(false, |c, _| (ratio(c.rate_limited as f64, c.requests), c.requests)),
@@ -208,7 +212,7 @@ impl SignalKind {
     pub fn is_rate(self) -> bool {
         matches!(
             self.def().method,
-            Method::Rate { .. } | Method::RecentOutcomes
+            Method::Rate { .. } | Method::RecentOutcomes | Method::BadOutcomes
         )
     }
 
@@ -280,6 +284,24 @@ pub struct SignalPolicies {
     /// reads 7 % about once a day, and alone at the degraded bound that
     /// signal drains. 1.0 still reads 10 % over 200 attempts as 8 %.
     pub bad_outcome_confidence_z: f64,
+    /// Every other rate signal (error rate, the last outcomes, 429s,
+    /// retries, each kind of bad answer, ...) is scored at its Wilson lower
+    /// bound this many standard deviations under the measured share: its
+    /// evidence is weighed by its sample count (SPEC §5a). Three errors in
+    /// the 60 attempts a channel at 0.2 requests/s makes in five minutes
+    /// read 5 %, the paid error bound's top, while a 1 % line shows that
+    /// about once a day; read at its lower bound it scores a sixth of that.
+    /// On a busy channel the bound is the measured share within a point.
+    pub rate_confidence_z: f64,
+    /// Below this many samples both bounds widen: `z` grows as
+    /// `sqrt(confidence_full_samples / n)`. A day holds about 290
+    /// five-minute windows, so a bound that trips once in a few hundred
+    /// windows trips daily; at a fixed `z` that rate rises as the evidence
+    /// thins (at 60 attempts and a true 2 %, 5 failures come once in about
+    /// 130 windows), and a sparse channel is judged on just such windows.
+    /// With the bound widening, a channel at 0.2 requests/s with 1 % errors
+    /// is left alone for days, while a busy one is read as before.
+    pub confidence_full_samples: u32,
 }
 
 impl Default for SignalPolicies {
@@ -288,11 +310,24 @@ impl Default for SignalPolicies {
             by_kind: SIGNALS.map(|d| d.default),
             client_error_weight: 0.1,
             bad_outcome_confidence_z: 1.0,
+            rate_confidence_z: 1.0,
+            confidence_full_samples: 100,
         }
     }
 }
 
 impl SignalPolicies {
+    /// `z` as applied to a bound over `n` samples (see
+    /// `confidence_full_samples`).
+    pub fn z_at(&self, z: f64, n: u32) -> f64 {
+        let full = self.confidence_full_samples as f64;
+        if n == 0 || (n as f64) >= full {
+            z
+        } else {
+            z * (full / n as f64).sqrt()
+        }
+    }
+
     pub fn get(&self, kind: SignalKind) -> &SignalPolicy {
         &self.by_kind[kind as usize]
     }
@@ -310,12 +345,14 @@ impl SignalPolicies {
 impl Serialize for SignalPolicies {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(SIGNAL_COUNT + 2))?;
+        let mut m = s.serialize_map(Some(SIGNAL_COUNT + 4))?;
         for (name, p) in self.entries() {
             m.serialize_entry(name, p)?;
         }
         m.serialize_entry("client_error_weight", &self.client_error_weight)?;
         m.serialize_entry("bad_outcome_confidence_z", &self.bad_outcome_confidence_z)?;
+        m.serialize_entry("rate_confidence_z", &self.rate_confidence_z)?;
+        m.serialize_entry("confidence_full_samples", &self.confidence_full_samples)?;
         m.end()
     }
 }
@@ -340,6 +377,10 @@ impl<'de> Deserialize<'de> for SignalPolicies {
                         "client_error_weight" => out.client_error_weight = map.next_value()?,
                         "bad_outcome_confidence_z" => {
                             out.bad_outcome_confidence_z = map.next_value()?
+                        }
+                        "rate_confidence_z" => out.rate_confidence_z = map.next_value()?,
+                        "confidence_full_samples" => {
+                            out.confidence_full_samples = map.next_value()?
                         }
                         name => match SIGNALS.iter().position(|d| d.name == name) {
                             Some(i) => out.by_kind[i] = map.next_value()?,
@@ -385,6 +426,54 @@ fn wilson(p: f64, n: u32, z: f64) -> (f64, f64) {
     )
 }
 
+/// SPEC §5a, "a bad answer is a failed request", measured over the
+/// answers that can show it: the share (and its denominator) whose Wilson
+/// lower bound at `z` is the highest among
+/// - hard failures and every bad answer over hard failures and successes;
+/// - each kind of bad answer over the answers that can show it: schema
+///   failures over structured answers, truncated, garbled and short ones
+///   over successes;
+///
+/// a kind only once its denominator has `min` samples, each bound at
+/// `bad_outcome_confidence_z` (widened under `confidence_full_samples`).
+/// Scored at its lower bound (`score`), the pick is the reading the evidence most firmly says
+/// is bad: a kind that only structured requests can show is not diluted by
+/// the answers that could never show it, and a kind seen on a handful of
+/// answers does not outvote the whole.
+pub fn bad_outcomes(c: &Counters, min: u32, policy: &SignalPolicies) -> (f64, u32) {
+    let z = policy.bad_outcome_confidence_z;
+    worst_outcome(c, min, &|p, n| wilson_low(p, n, policy.z_at(z, n)))
+}
+
+/// The candidate of [`bad_outcomes`] that `bound` reads worst: the lower
+/// bound for a move down, the upper one for a probation's pass (a kind
+/// seen on few answers cannot rule out a fault there).
+fn worst_outcome(c: &Counters, kind_min: u32, bound: &dyn Fn(f64, u32) -> f64) -> (f64, u32) {
+    let judged = c.hard_failures + c.successes;
+    let mut best = (
+        ratio((c.hard_failures + c.bad_answers) as f64, judged),
+        judged,
+    );
+    let mut worst = bound(best.0, best.1);
+    for (bad, of) in [
+        (c.schema_invalid, c.structured),
+        (c.truncated, c.successes),
+        (c.garbled, c.successes),
+        (c.short_outputs, c.successes),
+    ] {
+        if of < kind_min {
+            continue;
+        }
+        let share = ratio(bad as f64, of);
+        let b = bound(share, of);
+        if b > worst {
+            best = (share, of);
+            worst = b;
+        }
+    }
+    best
+}
+
 /// One measured value and the samples behind it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Measurement {
@@ -419,6 +508,11 @@ pub struct Probation {
     /// only a handful of slow attempts among a probation's few hundred, and
     /// the point P99 of an unlucky handful reads clean.
     pub confidence_z: f64,
+    /// A kind of bad answer counts in a pass's failure rate once this many
+    /// answers could show it (`StatePolicy::probation_floor_samples`): at
+    /// a half-open share structured answers are few, and a kind left out
+    /// would let a probation pass while a third of the traffic still fails.
+    pub floor_samples: u32,
 }
 
 /// Latency quantiles for the status view and alert rules.
@@ -553,19 +647,14 @@ pub fn bad_outcome_rate_since(
     now_ms: i64,
     since_ms: i64,
 ) -> Measurement {
-    let Method::Rate { of, .. } = SignalKind::BadOutcomeRate.def().method else {
-        // The table says otherwise: no evidence, so no exit on it.
-        return Measurement::of(0.0, 0);
-    };
     let min = SignalKind::BadOutcomeRate.policy(policy).min_samples;
-    let cew = policy.client_error_weight;
     let short = ring.counters(now_ms, cfg.short_window_ms, since_ms).real;
     let long = ring.counters(now_ms, cfg.long_window_ms, since_ms).real;
     let (value, samples) = [short, long]
         .iter()
-        .map(|c| of(c, cew))
+        .map(|c| bad_outcomes(c, min, policy))
         .find(|(_, n)| *n >= min)
-        .unwrap_or_else(|| of(&long, cew));
+        .unwrap_or_else(|| bad_outcomes(&long, min, policy));
     Measurement::of(value, samples)
 }
 
@@ -710,6 +799,7 @@ impl Pass<'_> {
         let min = self.min(k);
         match def.method {
             Method::Rate { real_only, of } => self.rate(min, real_only, of),
+            Method::BadOutcomes => self.bad_outcomes(min),
             Method::RecentOutcomes => (outcomes.len() >= min)
                 .then(|| outcomes.failure_rate())
                 .flatten()
@@ -745,6 +835,40 @@ impl Pass<'_> {
                         })
                 }),
         }
+    }
+
+    /// [`bad_outcomes`] over the real-traffic view whose evidence reads
+    /// worst at its lower bound, among those with `min` judged outcomes: a
+    /// channel at AT_RISK weight shows a fault on a minute of few attempts
+    /// and, a few minutes on, on five of many more. With no such real view,
+    /// the first probe view that has them (a drained channel).
+    fn bad_outcomes(&self, min: u32) -> Option<Measurement> {
+        let policy = self.policy;
+        let z = policy.bad_outcome_confidence_z;
+        let low = move |p, n| wilson_low(p, n, policy.z_at(z, n));
+        let high = |p, n| wilson_high(p, n, self.probation.map_or(0.0, |pr| pr.confidence_z));
+        // A probation's pass reads the failure rate at its upper bound
+        // (`score::pessimistic`): the candidate that bound reads worst.
+        let bound: &dyn Fn(f64, u32) -> f64 = if self.probation.is_some() {
+            &high
+        } else {
+            &low
+        };
+        let judged = |c: &Counters| c.hard_failures + c.successes >= min;
+        let kind_min = self.probation.map_or(min, |pr| pr.floor_samples.min(min));
+        let real = self
+            .views
+            .iter()
+            .filter(|v| v.1 == Pop::Real && judged(&v.2))
+            .map(|v| worst_outcome(&v.2, kind_min, bound))
+            .max_by(|a, b| bound(a.0, a.1).total_cmp(&bound(b.0, b.1)));
+        real.or_else(|| {
+            self.views
+                .iter()
+                .find(|v| v.1 == Pop::Probe && judged(&v.2))
+                .map(|v| worst_outcome(&v.2, kind_min, bound))
+        })
+        .map(|(value, samples)| Measurement::of(value, samples))
     }
 
     /// The samples signal `k` needs to vote in this pass.
@@ -848,6 +972,7 @@ mod tests {
     const NOT_ON_PROBATION: Probation = Probation {
         min_samples: 0,
         confidence_z: 0.0,
+        floor_samples: 0,
     };
 
     #[test]
@@ -1095,6 +1220,7 @@ mod tests {
         let probation = Probation {
             min_samples: 200,
             confidence_z: 1.0,
+            floor_samples: 20,
         };
         let at = |ring: &mut SliceRing, horizon| {
             measure(

@@ -34,6 +34,15 @@ pub struct AlertConfig {
     /// ... once at least this many records were read in the window.
     pub dead_letter_min_records: u32,
     pub dead_letter_window_ms: i64,
+    /// One page per incident (SPEC §5a): a channel's first P1/P2 alert opens
+    /// an incident; until it ends, one escalation pages (UPSTREAM_UNAVAILABLE,
+    /// or a page more severe than the first) and every other alert of the
+    /// channel is lowered to P3 (still published: the audit trail keeps
+    /// it). The incident ends once the channel has been HEALTHY at full
+    /// weight, with no alert that would have paged, for this long. Ten
+    /// minutes covers a relapse soon after recovery (one episode to the
+    /// on-call engineer) and is shorter than a working shift.
+    pub incident_quiet_ms: i64,
 }
 
 impl Default for AlertConfig {
@@ -49,6 +58,7 @@ impl Default for AlertConfig {
             dead_letter_share: 0.01,
             dead_letter_min_records: 100,
             dead_letter_window_ms: 60_000,
+            incident_quiet_ms: 600_000,
         }
     }
 }
@@ -69,4 +79,5 @@ pub(super) fn validate_alerts(a: &AlertConfig, v: &mut Issues) {
         "alerts.dead_letter_window_ms".into(),
         a.dead_letter_window_ms,
     );
+    v.positive_ms("alerts.incident_quiet_ms".into(), a.incident_quiet_ms);
 }

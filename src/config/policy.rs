@@ -46,8 +46,17 @@ pub struct StatePolicy {
     pub cooldown_ms: i64,
     /// Each remembered incident multiplies the cool-down by this.
     pub cooldown_growth: f64,
-    /// Cap on the grown cool-down.
+    /// Cap on the cool-down grown by one incident's drains and failed
+    /// probations: SPEC §5a's 8 minutes from a fault's end to full weight
+    /// must fit it.
     pub max_cooldown_ms: i64,
+    /// Cap on the cool-down once relapses after re-admission multiply it
+    /// (`cooldown_growth` per relapse, see `state`): an upstream that
+    /// alternates good and bad minutes. Envoy's outlier detection caps its
+    /// grown ejection time the same way (`max_ejection_time`, 300 s by
+    /// default); an upstream flapping every few minutes for an hour needs
+    /// a cool-down longer than its cycle, hence 30 minutes.
+    pub max_relapse_cooldown_ms: i64,
     /// The incident penalty halves over this much event time.
     pub penalty_half_life_ms: i64,
     /// Share of the channel's normal weight given to it while OBSERVING
@@ -110,16 +119,17 @@ pub struct StatePolicy {
     /// RECOVERING weight schedule (SPEC §5 / seed 002: +10 % every 120 s up
     /// to 40 %, then +20 %). The first step is also the starting weight.
     pub recovery_steps: Vec<RecoveryStep>,
-    /// More weight changes than this within `oscillation_window_ms` raise an
-    /// oscillation alarm (SPEC §5: more than 4 in 3 minutes).
-    pub oscillation_max_changes: u32,
+    /// This many relapses after re-admission (a drain of a channel that
+    /// passed a probation, see `state`) within `oscillation_window_ms` raise
+    /// the oscillation alarm, once per episode (SPEC §5a: OSCILLATION only
+    /// for a channel that keeps failing after it earned weight back). One
+    /// relapse is a fault that outlived its probation; two within the
+    /// window is an upstream that flaps.
+    pub oscillation_relapses: u32,
+    /// The window relapses after re-admission are counted in, and how long
+    /// after its re-admission a drain of a HEALTHY channel still counts as
+    /// one.
     pub oscillation_window_ms: i64,
-    /// An incident penalty at or above this (incidents, each halving over
-    /// `penalty_half_life_ms`) also raises the oscillation alarm: an
-    /// upstream that fails again every few minutes after being let back
-    /// (three incidents within a half-life) oscillates too slowly for the
-    /// 3-minute rule.
-    pub oscillation_penalty: f64,
 }
 
 impl Default for StatePolicy {
@@ -140,6 +150,7 @@ impl Default for StatePolicy {
             // 90 s schedule fit; seed 002 cut 300 s cool-downs to 90 s for
             // the same reason.
             max_cooldown_ms: 180_000,
+            max_relapse_cooldown_ms: 1_800_000,
             penalty_half_life_ms: 1_800_000,
             half_open_share: 0.05,
             observe_passes: 3,
@@ -163,9 +174,8 @@ impl Default for StatePolicy {
                 step: 0.25,
                 every_ms: 30_000,
             }],
-            oscillation_max_changes: 4,
-            oscillation_window_ms: 180_000,
-            oscillation_penalty: 2.5,
+            oscillation_relapses: 2,
+            oscillation_window_ms: 3_600_000,
         }
     }
 }
@@ -208,18 +218,25 @@ pub(super) fn validate_signals(signals: &SignalPolicies, at: &str, v: &mut Issue
             );
         }
     }
-    let z = signals.bad_outcome_confidence_z;
-    if !(0.0..=5.0).contains(&z) {
-        v.push(
-            format!("{at}.signals.bad_outcome_confidence_z"),
-            "must be within [0, 5]",
-        );
+    for (key, z) in [
+        ("bad_outcome_confidence_z", signals.bad_outcome_confidence_z),
+        ("rate_confidence_z", signals.rate_confidence_z),
+    ] {
+        if !(0.0..=5.0).contains(&z) {
+            v.push(format!("{at}.signals.{key}"), "must be within [0, 5]");
+        }
     }
     let total: f64 = signals.entries().iter().map(|(_, s)| s.weight).sum();
     if total.is_nan() || total <= 0.0 {
         v.push(
             format!("{at}.signals"),
             "every signal weight is 0: the score could never move",
+        );
+    }
+    if signals.confidence_full_samples == 0 {
+        v.push(
+            format!("{at}.signals.confidence_full_samples"),
+            "must be at least 1",
         );
     }
     v.fraction(
@@ -234,6 +251,7 @@ impl StatePolicy {
         crate::signals::Probation {
             min_samples: self.probation_min_samples,
             confidence_z: self.probation_confidence_z,
+            floor_samples: self.probation_floor_samples,
         }
     }
 
@@ -280,7 +298,7 @@ impl StatePolicy {
             ("observe_passes", st.observe_passes),
             ("probation_min_samples", st.probation_min_samples),
             ("probation_floor_samples", st.probation_floor_samples),
-            ("oscillation_max_changes", st.oscillation_max_changes),
+            ("oscillation_relapses", st.oscillation_relapses),
         ] {
             if x == 0 {
                 v.push(sk(k), "must be at least 1");
@@ -291,6 +309,7 @@ impl StatePolicy {
             ("max_cooldown_ms", st.max_cooldown_ms),
             ("penalty_half_life_ms", st.penalty_half_life_ms),
             ("oscillation_window_ms", st.oscillation_window_ms),
+            ("max_relapse_cooldown_ms", st.max_relapse_cooldown_ms),
             ("probation_max_wait_ms", st.probation_max_wait_ms),
             ("max_intermittent_hold_ms", st.max_intermittent_hold_ms),
         ] {
@@ -302,9 +321,6 @@ impl StatePolicy {
         if !(st.intermittent_hold_factor >= 0.0 && st.intermittent_hold_factor <= 20.0) {
             v.push(sk("intermittent_hold_factor"), "must be within [0, 20]");
         }
-        if !(st.oscillation_penalty > 0.0 && st.oscillation_penalty.is_finite()) {
-            v.push(sk("oscillation_penalty"), "must be a positive number");
-        }
         if st.probation_floor_samples > st.probation_min_samples {
             v.push(
                 sk("probation_floor_samples"),
@@ -313,6 +329,12 @@ impl StatePolicy {
         }
         if st.max_cooldown_ms < st.cooldown_ms {
             v.push(sk("max_cooldown_ms"), "must be at least cooldown_ms");
+        }
+        if st.max_relapse_cooldown_ms < st.max_cooldown_ms {
+            v.push(
+                sk("max_relapse_cooldown_ms"),
+                "must be at least max_cooldown_ms",
+            );
         }
         if !(st.cooldown_growth >= 1.0 && st.cooldown_growth <= 10.0) {
             v.push(sk("cooldown_growth"), "must be within [1, 10]");

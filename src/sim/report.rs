@@ -23,6 +23,16 @@
 //! - `harmed_attempts`: attempts harmed by an active fault (its error,
 //!   latency, truncation, garbling, short output) or by overload; a
 //!   diagnostic, not the verdict.
+//! - `pages`: alerts that page someone (P1 and P2) naming the channel.
+//!   `incidents`: the channel's episodes out of HEALTHY (each begins with
+//!   a move out of HEALTHY and ends with its return to HEALTHY);
+//!   `max_pages_per_incident`: the most pages any one incident raised, a
+//!   page counted in the incident it falls in, or in the next one if it
+//!   came while the channel was HEALTHY (an alarm ahead of the drain). A
+//!   page with no incident after it is an incident of its own.
+//!   `group_pages`: pages naming no channel (CORRELATED_FAILURE).
+//! - `readmissions`: probations passed (OBSERVING → RECOVERING): traffic
+//!   given back to a channel after a drain.
 
 use super::{RunResult, Scenario};
 use crate::alert::{AlertEvent, AlertKind};
@@ -53,6 +63,15 @@ pub struct ChannelReport {
     pub longest_at_risk_s: f64,
     pub served: u64,
     pub harmed: u64,
+    /// P1 and P2 alerts naming this channel (see the module doc).
+    pub pages: u32,
+    /// Episodes out of HEALTHY.
+    pub incidents: u32,
+    pub max_pages_per_incident: u32,
+    /// OBSERVING → RECOVERING transitions.
+    pub readmissions: u32,
+    /// OSCILLATION alerts naming this channel.
+    pub oscillations: u32,
 }
 
 /// The whole report (`--json` prints exactly this).
@@ -88,6 +107,8 @@ pub struct Report {
     pub events: u64,
     /// Alerts raised, by kind.
     pub alerts: BTreeMap<String, u64>,
+    /// P1 and P2 alerts naming no channel.
+    pub group_pages: u32,
 }
 
 struct Move {
@@ -168,6 +189,11 @@ pub fn build(
         overload_s: hermes.overload_s,
         events: hermes.events,
         alerts,
+        group_pages: hermes
+            .alerts
+            .iter()
+            .filter(|a| a.channel_id.is_none() && a.pages())
+            .count() as u32,
     }
 }
 
@@ -209,6 +235,7 @@ fn channel_report(
             .find(|m| m.to == "DRAINED" && m.t_s >= nth - 1e-6)
             .map(|m| m.t_s - nth)
     });
+    let (pages, incidents, max_pages_per_incident) = pages_by_incident(alerts, &c.id);
     ChannelReport {
         id: c.id.clone(),
         faulty,
@@ -227,7 +254,58 @@ fn channel_report(
         longest_at_risk_s: longest_at_risk(&mv, sc.duration_s),
         served: run.served,
         harmed: run.bad,
+        pages,
+        incidents,
+        max_pages_per_incident,
+        readmissions: mv
+            .iter()
+            .filter(|m| m.from == "OBSERVING" && m.to == "RECOVERING")
+            .count() as u32,
+        oscillations: alerts
+            .iter()
+            .filter(|a| a.channel_id.as_deref() == Some(&c.id) && a.kind == AlertKind::Oscillation)
+            .count() as u32,
     }
+}
+
+/// A channel's pages, its incidents (episodes out of HEALTHY), and the most
+/// pages any one incident raised (see the module doc).
+fn pages_by_incident(alerts: &[AlertEvent], channel: &str) -> (u32, u32, u32) {
+    let mut per_incident: Vec<u32> = Vec::new();
+    // Pages raised while HEALTHY, waiting for the incident they announce.
+    let mut pending = 0;
+    let mut open = false;
+    for a in alerts
+        .iter()
+        .filter(|a| a.channel_id.as_deref() == Some(channel))
+    {
+        let transition = matches!(a.kind, AlertKind::Transition);
+        let (from, to) = (a.from_state.as_deref(), a.to_state.as_deref());
+        if transition && from == Some("HEALTHY") && to != Some("HEALTHY") && !open {
+            open = true;
+            per_incident.push(pending);
+            pending = 0;
+        }
+        if a.pages() {
+            match per_incident.last_mut() {
+                Some(n) if open => *n += 1,
+                _ => pending += 1,
+            }
+        }
+        if transition && to == Some("HEALTHY") && from != Some("HEALTHY") {
+            open = false;
+        }
+    }
+    if pending > 0 {
+        per_incident.push(pending);
+    }
+    let pages = per_incident.iter().sum();
+    let incidents = per_incident.len() as u32;
+    (
+        pages,
+        incidents,
+        per_incident.into_iter().max().unwrap_or(0),
+    )
 }
 
 /// `flaps` (every move down after a move up that followed an earlier move
@@ -308,7 +386,7 @@ pub fn table(r: &Report) -> String {
 /// One row per channel.
 fn channel_table(channels: &[ChannelReport]) -> String {
     let mut s = format!(
-        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
+        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
         "channel",
         "faulty",
         "fault_s",
@@ -319,6 +397,8 @@ fn channel_table(channels: &[ChannelReport]) -> String {
         "flaps",
         "retrips",
         "drains",
+        "readmit",
+        "pages",
         "false_drain",
         "served",
         "harmed"
@@ -329,7 +409,7 @@ fn channel_table(channels: &[ChannelReport]) -> String {
             _ => "-".into(),
         };
         s.push_str(&format!(
-            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
+            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
             c.id,
             c.faulty,
             window,
@@ -340,6 +420,8 @@ fn channel_table(channels: &[ChannelReport]) -> String {
             c.flaps,
             c.retrips,
             c.drains,
+            c.readmissions,
+            c.pages,
             c.false_drain,
             c.served,
             c.harmed
@@ -387,7 +469,12 @@ fn totals(r: &Report) -> String {
         r.overload_s, r.events
     ));
     let alerts: Vec<String> = r.alerts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    s.push_str(&format!("alerts: {}\n", alerts.join(", ")));
+    s.push_str(&format!(
+        "alerts: {}; pages: {} naming channels, {} naming the group\n",
+        alerts.join(", "),
+        r.channels.iter().map(|c| c.pages).sum::<u32>(),
+        r.group_pages
+    ));
     s
 }
 
