@@ -43,8 +43,8 @@ fn channels() -> Vec<String> {
 
 /// Declared capacity per channel, in multiples of the traffic each channel
 /// gets: the free ones with headroom over it, the paid ones far more. Both
-/// matter. Capacity under the offered load (it was a fixed 100 rps per free
-/// channel until session 11) makes the scheduler send the overflow to the
+/// matter. Capacity under the offered load (not a fixed figure per channel)
+/// makes the scheduler send the overflow to the
 /// least-bad unhealthy channels (SPEC §5a: never shed what static routing
 /// would serve), and a channel that went hard down moments ago still reads
 /// a one-minute failure rate under `schedule.overflow_max_failure_rate`:

@@ -7,7 +7,7 @@
 //!
 //! `cargo bench --bench steady_state` runs 1 k and 10 k (about ten
 //! minutes); `HERMES_BENCH_CHANNELS=1000,10000,50000` picks the sizes (50 k
-//! warms up 300 M events: about ten minutes on one core in session 18).
+//! warms up 300 M events: about ten minutes on one core).
 //! Each run is its own process (this binary again, with `--one`), so the
 //! resident memory one run freed never flatters the next one's figure.
 //! Prints one table line per run, and the JSON objects.

@@ -549,7 +549,7 @@ impl Default for LatencyView {
 /// evaluation that measured it): the value `measure` would have read with
 /// `median` set, read from the ring now. Merging every run of the view
 /// for it at every evaluation took 7–8 % of the request path (README,
-/// session 23), and only the median gauge and an intermittence verdict
+/// "Where the time goes"), and only the median gauge and an intermittence verdict
 /// use it.
 pub fn read_latency_median(
     ring: &mut SliceRing,

@@ -24,7 +24,7 @@ use std::sync::Mutex;
 /// channel. It used to go into a map keyed by id strings, with a few
 /// strings and vectors a channel: a key allocated and compared down a
 /// B-tree and the old value's blocks freed, each time (see the README's
-/// "Where the time goes", session 26, for what that cost).
+/// "Where the time goes" for what that cost).
 #[derive(Debug, Clone)]
 pub struct ChannelGauges {
     pub group: ShortStr,
