@@ -682,8 +682,8 @@ fn wait_metric_by(h: &Hermes, series: &str, want: f64, limit: Duration, ok: impl
 
 /// Good events in the garbage test, each followed by one garbage record of
 /// a rotating kind (a multiple of 20, so every kind's share is whole).
-/// 10 000 stranded tansu's consumer group on these machines (session 8,
-/// and again in session 10 with paced production): under that load its
+/// 10 000 stranded tansu's consumer group on these machines (twice, the
+/// second time with paced production): under that load its
 /// SQLite storage answered a heartbeat after the 6 s session, the
 /// assignment was revoked and the rejoin never completed, at 6-19 k of
 /// 21 100 records. Hermes' handling of each record does not depend on the
