@@ -1053,14 +1053,13 @@ impl Engine {
                     .on_change(&who, c, ch.score.as_ref(), &ch.signals),
             );
         }
-        if let Some(relapses) = ch.machine.take_oscillation() {
+        if let Some((relapses, now)) = ch.machine.take_oscillation() {
             let states = &ch.cfg.policy.states;
             let who = Subject {
                 group: &ch.cfg.group,
                 channel: &ch.cfg.id,
                 index: idx,
             };
-            let now = changes.last().map_or(0, |c| c.at_ms);
             let cooldown_s = ch.machine.cooldown_remaining_ms(now) / 1000;
             self.rules.alarm(
                 &who,

@@ -418,18 +418,14 @@ impl StateMachine {
 
     /// The decayed incident penalty at `now_ms`.
     pub fn penalty(&self, now_ms: i64, p: &StatePolicy) -> f64 {
-        let dt = (now_ms - self.penalty_at_ms).max(0) as f64;
-        self.penalty * 0.5f64.powf(dt / p.penalty_half_life_ms as f64)
+        halved(self.penalty, now_ms - self.penalty_at_ms, p)
     }
 
     /// The relapse penalty at `now_ms`: decayed over the time the channel
     /// has been HEALTHY since it last relapsed (see the module doc).
     pub fn relapse_penalty(&self, now_ms: i64, p: &StatePolicy) -> f64 {
         match self.relapse_decay_from_ms {
-            Some(from) => {
-                let dt = (now_ms - from).max(0) as f64;
-                self.relapse_penalty * 0.5f64.powf(dt / p.penalty_half_life_ms as f64)
-            }
+            Some(from) => halved(self.relapse_penalty, now_ms - from, p),
             None => self.relapse_penalty,
         }
     }
@@ -443,9 +439,11 @@ impl StateMachine {
     }
 
     /// The oscillation alarm, when one is due: the number of relapses after
-    /// re-admission within `oscillation_window_ms`. Taken once.
-    pub fn take_oscillation(&mut self) -> Option<u32> {
-        self.oscillation_due.take()
+    /// re-admission within `oscillation_window_ms`, and the event time of
+    /// the one that made it due. Taken once.
+    pub fn take_oscillation(&mut self) -> Option<(u32, i64)> {
+        let n = self.oscillation_due.take()?;
+        Some((n, self.relapses.back().copied().unwrap_or_default()))
     }
 
     /// A drain of a channel that had earned weight back (see the module
@@ -943,6 +941,11 @@ impl StateMachine {
     }
 }
 
+/// `value` after `dt_ms` of halving every `penalty_half_life_ms`.
+fn halved(value: f64, dt_ms: i64, p: &StatePolicy) -> f64 {
+    value * 0.5f64.powf(dt_ms.max(0) as f64 / p.penalty_half_life_ms as f64)
+}
+
 /// The schedule leg that applies at `weight`.
 fn leg(weight: f64, p: &StatePolicy) -> &crate::config::RecoveryStep {
     p.recovery_steps
@@ -1206,7 +1209,7 @@ mod tests {
             eval(&mut m, t + 5_000, 0.9);
             assert_eq!(m.kind(), StateKind::Drained, "a relapse in RECOVERING");
             cooldowns.push(cooldown_of(&m));
-            alarms.push(m.take_oscillation());
+            alarms.push(m.take_oscillation().map(|(n, _)| n));
         }
         // The second relapse within the window raises it; later ones in the
         // same episode do not.
