@@ -23,8 +23,9 @@ pub enum Method {
     },
     /// Hard failures among the last `engine.outcome_window` outcomes.
     RecentOutcomes,
-    /// Hard failures and bad answers, over the first view with
-    /// `min_samples` judged outcomes; each kind of bad answer also over the
+    /// Hard failures and bad answers, over the real view (short or long)
+    /// with `min_samples` judged outcomes whose bound reads worst, else the
+    /// first probe view that has them; each kind of bad answer also over the
     /// answers that can show it (see [`bad_outcomes`]).
     BadOutcomes,
     /// Quantile `q` of a digest, over the first view whose counters show
@@ -289,8 +290,9 @@ pub struct SignalPolicies {
     /// bound this many standard deviations under the measured share: its
     /// evidence is weighed by its sample count (SPEC §5a). Three errors in
     /// the 60 attempts a channel at 0.2 requests/s makes in five minutes
-    /// read 5 %, the paid error bound's top, while a 1 % line shows that
-    /// about once a day; read at its lower bound it scores a sixth of that.
+    /// read 5 %, the paid error bound's top, and a 1 % line shows that in
+    /// about 2 % of five-minute windows, several times a day; read at its
+    /// lower bound it scores a sixth of that.
     /// On a busy channel the bound is the measured share within a point.
     pub rate_confidence_z: f64,
     /// Below this many samples both bounds widen: `z` grows as
@@ -299,8 +301,9 @@ pub struct SignalPolicies {
     /// windows trips daily; at a fixed `z` that rate rises as the evidence
     /// thins (at 60 attempts and a true 2 %, 5 failures come once in about
     /// 130 windows), and a sparse channel is judged on just such windows.
-    /// With the bound widening, a channel at 0.2 requests/s with 1 % errors
-    /// is left alone for days, while a busy one is read as before.
+    /// With the bound widening, channels at 0.2 requests/s with 1 % errors
+    /// are left alone on all ten seeds of the `sparse-healthy-day` drill,
+    /// while a busy channel is read as before.
     pub confidence_full_samples: u32,
 }
 
