@@ -159,6 +159,9 @@ struct ChannelRuntime {
     /// The score at the rate signals' confidence bounds (relapses, passes).
     score_low: Option<f64>,
     score_high: Option<f64>,
+    /// AT_RISK only: the score with the failure rate read over the whole
+    /// episode (see `signals::bad_outcome_rate_episode`).
+    score_episode: Option<Score>,
     signals: Signals,
     next_baseline_ms: Option<i64>,
     /// The median latency last read (`engine.latency_median_interval_ms`)
@@ -239,6 +242,7 @@ impl ChannelRuntime {
             score: None,
             score_low: None,
             score_high: None,
+            score_episode: None,
             signals: Signals::default(),
             last_event_ms: None,
             last_unsent_ms: None,
@@ -255,6 +259,16 @@ impl ChannelRuntime {
 
     /// Takes the channel's config (at start and on every reload) and what
     /// the entry keeps of it for the hot path.
+    /// The score the channel is judged on: the windows' reading, or for an
+    /// AT_RISK channel the episode's when that is worse (see
+    /// `signals::bad_outcome_rate_episode`).
+    fn judged_score(&self) -> Option<Score> {
+        match (self.score, self.score_episode) {
+            (Some(w), Some(e)) if e.value > w.value => Some(e),
+            (w, _) => w,
+        }
+    }
+
     fn configure(&mut self, c: &ChannelConfig, group_idx: usize) {
         self.cfg = c.clone();
         self.group_id = ShortStr::new(&c.group);
@@ -864,6 +878,21 @@ impl Engine {
                 (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
             }
         };
+        ch.score_episode = match (voted, ch.machine.at_risk_since_ms()) {
+            (true, Some(since)) => {
+                let mut episode = ch.signals.clone();
+                episode.values[SignalKind::BadOutcomeRate as usize] =
+                    Some(crate::signals::bad_outcome_rate_episode(
+                        &ch.ring,
+                        &self.cfg.engine.horizons(),
+                        &policy.signals,
+                        now,
+                        since,
+                    ));
+                Some(score(&episode, &policy.signals))
+            }
+            _ => None,
+        };
         let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
         if now >= next_learn {
             ch.next_baseline_ms = Some(next_learn + short_ms);
@@ -956,7 +985,7 @@ impl Engine {
         }
         let policy = ch.cfg.policy.clone();
         let evaluation = Evaluation {
-            score: ch.score.map(|s| s.value),
+            score: ch.judged_score().map(|s| s.value),
             score_low: ch.score_low,
             score_high: ch.score_high,
             // Probes are evidence only when there is no half-open share.
@@ -1050,7 +1079,7 @@ impl Engine {
             };
             out.push(
                 self.rules
-                    .on_change(&who, c, ch.score.as_ref(), &ch.signals),
+                    .on_change(&who, c, ch.judged_score().as_ref(), &ch.signals),
             );
         }
         if let Some((relapses, now)) = ch.machine.take_oscillation() {
@@ -1211,7 +1240,9 @@ impl Engine {
         &self.channels[idx as usize].machine
     }
 
-    /// Latest score with its breakdown.
+    /// Latest score with its breakdown: the windows' reading, which the
+    /// scheduler reads. (An AT_RISK channel's state is judged on the worse
+    /// of this and its episode's reading; its alerts carry that one.)
     pub fn score(&self, idx: ChannelIdx) -> Option<&Score> {
         self.channels[idx as usize].score.as_ref()
     }

@@ -661,6 +661,28 @@ pub fn bad_outcome_rate_since(
     Measurement::of(value, samples)
 }
 
+/// The failure rate (`bad_outcome_rate`) of the episode that put a channel
+/// AT_RISK: real traffic since the short view that confirmed it
+/// (`at_risk_since_ms − short_window_ms`), over at most the long view. At
+/// its reduced weight an AT_RISK channel's sliding short view holds a few
+/// dozen answers, too few for a 10 % fault to read past its degraded bound
+/// at the confidence bound, and its long view reaches back into the healthy
+/// time before the fault. The episode keeps every answer of the fault that
+/// was judged, so its evidence only grows while the channel waits.
+pub fn bad_outcome_rate_episode(
+    ring: &SliceRing,
+    cfg: &Horizons,
+    policy: &SignalPolicies,
+    now_ms: i64,
+    at_risk_since_ms: i64,
+) -> Measurement {
+    let min = SignalKind::BadOutcomeRate.policy(policy).min_samples;
+    let since = at_risk_since_ms - cfg.short_window_ms;
+    let episode = ring.counters(now_ms, cfg.long_window_ms, since).real;
+    let (value, samples) = bad_outcomes(&episode, min, policy);
+    Measurement::of(value, samples)
+}
+
 /// Measures every signal at `now_ms`; the median latency too when `median`
 /// (see [`LatencySummary::p50_ms`]).
 #[allow(clippy::too_many_arguments)]

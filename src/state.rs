@@ -216,7 +216,10 @@ pub struct Pin {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
     /// The channel's score; `None` when no signal had enough samples to
-    /// vote (neither confirms nor refutes anything).
+    /// vote (neither confirms nor refutes anything). For an AT_RISK channel
+    /// the worse of its windows' reading and the reading over the whole
+    /// episode since the view that put it there: at its reduced weight the
+    /// windows hold too few answers to confirm a drain.
     pub score: Option<f64>,
     /// The score at the rate signals' confidence bound (see
     /// `score::optimistic`): a channel on probation relapses only when this
