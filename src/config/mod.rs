@@ -18,8 +18,8 @@
 //! (`policy.signals.p99_latency_ms.normal = 900`) and every error names the
 //! offending key with its full path.
 //!
-//! Every default cites where it came from: SPEC.md (the distilled product
-//! spec) or the seed incident (`shared/seeds/00N`) whose team chose it.
+//! Every default cites where it came from: a section of `docs/decisions.md`
+//! or the incident behind it (`docs/decisions.md#incidents`).
 
 mod alerts;
 mod catalogue;
@@ -151,14 +151,61 @@ impl ConfigFile {
 
     /// Parses and validates config text, every section.
     pub fn from_toml(text: &str) -> Result<ConfigFile, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let key = e
-                .span()
-                .map(|s| locate(text, s.start))
-                .unwrap_or_else(|| "config".into());
-            ConfigError::one(key, e.message().to_string())
-        })?;
-        Config::resolve(raw)
+        let parsed = toml::from_str::<RawConfig>(text)
+            .map_err(|e| {
+                let key = e
+                    .span()
+                    .map(|s| locate(text, s.start))
+                    .unwrap_or_else(|| "config".into());
+                ConfigError::one(key, e.message().to_string())
+            })
+            .and_then(Config::resolve);
+        parsed.map_err(ConfigError::with_migration_hints)
+    }
+}
+
+/// Keys an earlier version read, and what became of them: a config written
+/// for it is refused with the way forward, not only "unknown field".
+/// (section the key was in, key, what to do).
+const RETIRED_KEYS: &[(&str, &str, &str)] = &[
+    (
+        "service",
+        "group_warmup_ms",
+        "moved to `schedule.group_warmup_ms` (planning policy, which the simulator uses too)",
+    ),
+    (
+        "",
+        "oscillation_max_changes",
+        "removed: OSCILLATION is raised by relapses after re-admission \
+         (`policy.states.oscillation_relapses`, `oscillation_window_ms`)",
+    ),
+    (
+        "",
+        "oscillation_penalty",
+        "removed: each relapse after re-admission multiplies later cool-downs \
+         (`cooldown_growth`, up to `policy.states.max_relapse_cooldown_ms`)",
+    ),
+];
+
+impl ConfigError {
+    /// An unknown-field issue for a retired key says what replaced it.
+    fn with_migration_hints(mut self) -> ConfigError {
+        for issue in &mut self.issues {
+            let Some(field) = issue
+                .reason
+                .strip_prefix("unknown field `")
+                .and_then(|r| r.split('`').next())
+            else {
+                continue;
+            };
+            let hint = RETIRED_KEYS
+                .iter()
+                .find(|(section, key, _)| *key == field && issue.key.starts_with(section));
+            if let Some((_, key, hint)) = hint {
+                issue.reason = format!("unknown field `{key}`: {hint}");
+            }
+        }
+        self
     }
 }
 

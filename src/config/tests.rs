@@ -232,3 +232,27 @@ fn slice_digests_panes_and_evaluation_phases_are_validated() {
     let cfg = Config::from_toml(&short).unwrap();
     assert_eq!(cfg.engine.ring_shape().pane_slices, 5);
 }
+
+#[test]
+fn a_retired_key_is_refused_with_the_way_forward() {
+    let err = ConfigFile::from_toml("[service]\ngroup_warmup_ms = 1000\n").unwrap_err();
+    let issue = &err.issues[0];
+    assert!(issue.key.starts_with("service.group_warmup_ms"), "{err}");
+    assert!(
+        issue.reason.contains("moved to `schedule.group_warmup_ms`"),
+        "{err}"
+    );
+    let err = ConfigFile::from_toml(
+        "[policy.states]\noscillation_max_changes = 4\n[[groups]]\nid = \"g\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.issues.iter().any(|i| i
+            .reason
+            .contains("removed: OSCILLATION is raised by relapses")),
+        "{err}"
+    );
+    // Any other unknown key keeps the parser's message (the known keys).
+    let err = ConfigFile::from_toml("[service]\nwat = 1\n").unwrap_err();
+    assert!(err.issues[0].reason.contains("expected one of"), "{err}");
+}
