@@ -12,7 +12,7 @@
 //! (what a gateway's next `GET` would see). Trials are 5 s apart; drained
 //! channels stay drained. Capacities follow the rate (see `FREE_CAPACITY`):
 //! the healthy channels can take the load, and the drained share stays under
-//! the panic threshold (SPEC §5a). Hermes' own share, record handled → Redis write
+//! the panic threshold (docs/decisions.md#safety-rails). Hermes' own share, record handled → Redis write
 //! acknowledged, comes from its `hermes_decision_publish_seconds`
 //! histogram. Needs `tansu` and `redis-server` (`bash .ci/run` installs
 //! both); skips with a message otherwise. Not a timed test: the machine is
@@ -45,7 +45,7 @@ fn channels() -> Vec<String> {
 /// gets: the free ones with headroom over it, the paid ones far more. Both
 /// matter. Capacity under the offered load (not a fixed figure per channel)
 /// makes the scheduler send the overflow to the
-/// least-bad unhealthy channels (SPEC §5a: never shed what static routing
+/// least-bad unhealthy channels (docs/decisions.md#safety-rails: never shed what static routing
 /// would serve), and a channel that went hard down moments ago still reads
 /// a one-minute failure rate under `schedule.overflow_max_failure_rate`:
 /// at 10 000 events/s every trial's channel was DRAINED yet kept ~0.06 of

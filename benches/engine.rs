@@ -2,7 +2,7 @@
 //!
 //! - `decode/*`: one request event from bytes, serde_avro_fast (what Hermes
 //!   uses) next to apache-avro's Value + from_value path (the reason for the
-//!   choice; see README).
+//!   choice; see docs/architecture.md).
 //! - `pipeline/decode_apply_1000_channels`: decode + `Engine::apply` for a
 //!   stream over 1 000 channels in 100 groups, at 20 000 events/s of event
 //!   time from a fresh engine: a cold start (10 s, the windows never full);

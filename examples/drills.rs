@@ -1,12 +1,12 @@
-//! Every shipped drill on several seeds, as one Markdown table: what the
-//! README's drill table and a closing note quote.
+//! Every shipped drill on several seeds, as one Markdown table: the drill
+//! table of docs/scenarios.md.
 //!
 //! ```sh
 //! cargo run --release --example drills -- [--seeds own,101,202,303,404] [--only NAME] [--json | --summary]
 //! ```
 //! `own` is each scenario's own seed (the test seeds are `own,101,202,303,404`).
 //! `--summary` prints one row per drill: sums over the seeds, and the range
-//! of the faulty channels' times (the README's drill table).
+//! of the faulty channels' times (docs/scenarios.md's drill table).
 //!
 //! Each (scenario, seed) is the same `hermes::sim::drill` that
 //! `hermes simulate` and `tests/scenarios.rs` run, with the scenario's own

@@ -1,4 +1,4 @@
-//! Alert rules (SPEC §7): every action Hermes takes, and every alarm it
+//! Alert rules (docs/decisions.md#alerts-and-pages): every action Hermes takes, and every alarm it
 //! raises, becomes an [`AlertEvent`] (`schemas/alert_event.avsc`).
 //!
 //! Actions (transitions, weight changes, overrides) are never suppressed:
@@ -13,7 +13,7 @@
 //! not slow). A move to AT_RISK is P3: Hermes lowered the channel's weight
 //! and keeps watching, a ticket rather than a page.
 //!
-//! # One page per incident (SPEC §5a)
+//! # One page per incident (docs/decisions.md#safety-rails)
 //! P1 and P2 page someone. A channel's first page opens an *incident*;
 //! while it is open, one more page is let through as its escalation
 //! (UPSTREAM_UNAVAILABLE, or a page more severe than the first), and every
@@ -454,7 +454,7 @@ impl AlertRules {
         }
     }
 
-    /// A route group's failure is correlated (SPEC §5a panic mode), or is
+    /// A route group's failure is correlated (docs/decisions.md#safety-rails panic mode), or is
     /// no longer: one P1 for the group when it starts, INFO when it ends.
     /// Never deduplicated: both are actions (draining stops, then resumes).
     pub fn correlated_failure(

@@ -8,7 +8,8 @@
 //! huge pages only for its main arena, and only when started with a
 //! tunable, while a partition lives on its request thread's arena; jemalloc
 //! advises every mapping it makes (`thp:always`), on every thread.
-//! README "Why jemalloc" has the measurements.
+//! docs/performance.md ("Memory and huge pages") and docs/architecture.md
+//! ("Why each dependency") have the measurements.
 //!
 //! The options are compiled in ([`MALLOC_CONF`]); jemalloc reads the
 //! `_RJEM_MALLOC_CONF` environment variable after them, so an operator can

@@ -1,4 +1,4 @@
-//! `hermes report`: the weekly channel report (seed 003) from the alert
+//! `hermes report`: the weekly channel report (incident 003) from the alert
 //! stream alone, as Markdown and as one self-contained HTML page.
 //!
 //! Every state change is a TRANSITION alert, so the alerts between `from`

@@ -248,7 +248,7 @@ impl Composition {
         self.after_step(from);
     }
 
-    /// Puts a route group in (or out of) manual mode (SPEC §5): its plan
+    /// Puts a route group in (or out of) manual mode (docs/decisions.md#score-and-states): its plan
     /// freezes until switched off, and the switch is recorded as an alert.
     /// Returns false for an unknown group.
     pub fn set_manual(&mut self, group: &str, on: bool, now_ms: i64) -> bool {

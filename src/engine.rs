@@ -174,7 +174,7 @@ struct ChannelRuntime {
 }
 
 /// Attempts counted against a channel's configured `quota` per period
-/// (SPEC §4: remaining quota and burn rate → time to exhaustion). Only used
+/// (docs/decisions.md#signals: remaining quota and burn rate → time to exhaustion). Only used
 /// while no gateway reports the upstream's own `quota_remaining`: a report
 /// is the upstream's word and wins.
 #[derive(Debug, Clone, Copy, Default)]
@@ -666,7 +666,7 @@ impl Engine {
         Ok(())
     }
 
-    /// The fast path (SPEC §5: N consecutive hard failures drain at once)
+    /// The fast path (docs/decisions.md#score-and-states: N consecutive hard failures drain at once)
     /// and the probe-streak alarm.
     fn on_streaks(
         &mut self,
@@ -869,7 +869,7 @@ impl Engine {
                     .min_samples;
                 let waited = now - since >= policy.states.probation_max_wait_ms;
                 // A sparse channel at its reduced weight cannot bring the
-                // evidence an exit needs in hours (SPEC §5a: recovery fits
+                // evidence an exit needs in hours (docs/decisions.md#safety-rails: recovery fits
                 // the traffic): after the probation's wait it is judged on
                 // the serving score, whose rates are read at bounds that
                 // widen as evidence thins.
@@ -905,7 +905,7 @@ impl Engine {
         }
     }
 
-    /// SPEC §5a: is a group's failure correlated? On entering panic, the
+    /// docs/decisions.md#safety-rails: is a group's failure correlated? On entering panic, the
     /// channels the common cause drained are let back and one P1 is raised.
     fn judge_groups(
         &mut self,
@@ -1068,7 +1068,7 @@ impl Engine {
         for c in changes {
             if c.to == StateKind::Observing && c.from != StateKind::Observing {
                 // Fresh evidence for the probation: the incident's failures
-                // have been acted on and must not block recovery (seed 002).
+                // have been acted on and must not block recovery (incident 002).
                 ch.outcomes = OutcomeWindow::new(window);
                 ch.streak = FailureStreak::default();
             }
@@ -1700,7 +1700,7 @@ mod tests {
 
     #[test]
     fn three_sparse_failures_far_apart_still_count() {
-        // The last-100 window sees failures a time window forgets (seed 002):
+        // The last-100 window sees failures a time window forgets (incident 002):
         // 9 hard failures spread over 4 minutes among 91 successes: 9 %,
         // enough that the evidence says more than the normal 3 % at its
         // lower bound (4 in 100 would not: a 2 % line shows that often).

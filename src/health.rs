@@ -49,7 +49,7 @@ pub struct ChannelHealth {
     pub failure_rate: Option<f64>,
     pub quota_remaining: Option<i64>,
     pub quota_exhausted_in_ms: Option<i64>,
-    /// The channel's group is in a correlated failure (SPEC §5a panic mode,
+    /// The channel's group is in a correlated failure (docs/decisions.md#safety-rails panic mode,
     /// see `safety`) as this engine saw it at its last tick.
     #[serde(default)]
     pub correlated: bool,

@@ -12,12 +12,12 @@
 //! - `event`: the request event (`schemas/request_event.avsc`), borrowed.
 //! - `codec`: Avro decode (plain and Confluent framing, writer-schema
 //!   resolution) and encode; typed errors for the dead-letter topic.
-//! - `config`: the TOML config, every SPEC threshold as a validated default,
+//! - `config`: the TOML config, every threshold as a validated default,
 //!   tier and per-channel overrides.
 //! - `digest`: a view's merged t-digest, built from ordered runs.
 //! - `window`: event-time slice rings with t-digests, the last-N outcome
 //!   window, the failure streak, the baseline.
-//! - `signals`: SPEC §4 signals measured from the windows.
+//! - `signals`: docs/decisions.md#signals signals measured from the windows.
 //! - `score`: the weighted health score with its breakdown.
 //! - `state`: the HEALTHY / AT_RISK / DRAINED / OBSERVING / RECOVERING
 //!   machine, pins, oscillation detection.
@@ -27,7 +27,7 @@
 //! - `health`: the health model: a channel's health, a partition's report.
 //! - `board`: the newest report of every channel of a group; which request
 //!   partition writes which group.
-//! - `safety`: group-level safety (SPEC §5a): a correlated failure across
+//! - `safety`: group-level safety (docs/decisions.md#safety-rails): a correlated failure across
 //!   a route group puts it in panic mode instead of draining it.
 //! - `schedule`: the cost-aware graded scheduler: per route group and
 //!   traffic class, weights over channels, shed shares, projected spend.

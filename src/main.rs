@@ -103,7 +103,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The channel report (seed 003's weekly review) from the alert stream:
+    /// The channel report (incident 003's weekly review) from the alert stream:
     /// per channel availability, incidents (time to drain, time drained,
     /// time to recover, worst signals), time in each state and overrides;
     /// written as PREFIX.md and a self-contained PREFIX.html.

@@ -1,4 +1,4 @@
-//! Group-level safety (SPEC §5a): Hermes must never make an outage worse.
+//! Group-level safety (docs/decisions.md#safety-rails): Hermes must never make an outage worse.
 //!
 //! Draining helps when traffic can go somewhere better: a channel is drained
 //! when it is worse than its peers, or fails hard, while a healthy

@@ -1,4 +1,4 @@
-//! Cost-aware graded scheduling per route group (SPEC §6).
+//! Cost-aware graded scheduling per route group (docs/decisions.md#scheduling).
 //!
 //! Input: every channel of one group with its health (state, health weight
 //! factor, score, pin), price, capacity and quota forecast; the group's demand
@@ -12,13 +12,13 @@
 //!    the sustainable rate when its quota is forecast to run out within the
 //!    horizon. Its soft *trust cap* is its tier share (`initial_weight`,
 //!    normalized over the group) of each class's demand: trust spreads risk
-//!    (seed 004: free 30 / paid 70), and is exceeded only to avoid shedding.
+//!    (incident 004: free 30 / paid 70), and is exceeded only to avoid shedding.
 //! 2. **Nominal plan.** The fill below with every channel treated as healthy:
 //!    what each channel would carry at full weight.
 //! 3. **Degraded channels.** AT_RISK and RECOVERING channels may carry
 //!    `health weight × nominal load` (AT_RISK: 30 %, RECOVERING: the current
 //!    step); OBSERVING channels the half-open share of the group's traffic
-//!    (seed 002: "5 % of real traffic"), at most their nominal load, so the
+//!    (incident 002: "5 % of real traffic"), at most their nominal load, so the
 //!    probation gathers evidence in about a minute. That allowance goes to the
 //!    lowest-priority *tolerant* classes first (`accepts_at_risk`); interactive
 //!    traffic leaves an AT_RISK channel first. DRAINED channels get nothing.
@@ -81,7 +81,7 @@ pub struct GroupInput {
     pub horizon_ms: i64,
     /// False until the engine has seen a window of data.
     pub warm: bool,
-    /// The group is in a correlated failure (SPEC §5a panic mode): every
+    /// The group is in a correlated failure (docs/decisions.md#safety-rails panic mode): every
     /// unpinned channel is planned as healthy, as static routing would.
     pub correlated: bool,
     /// Measured spend over projected spend (1 when unknown): the budget is
@@ -458,7 +458,7 @@ fn healthy_plan(
     let (mut room, mut reasons) = degraded_allowances(ctx, &nominal, &mut rps, &mut left);
     healthy_fill(ctx, &mut rps, &mut room, &mut left);
     // What healthy and AT_RISK capacity could not take goes to the least-bad
-    // unhealthy channels rather than being shed (SPEC §5a: health never
+    // unhealthy channels rather than being shed (docs/decisions.md#safety-rails: health never
     // sheds what static routing would have served), highest priority first.
     overflow_to_least_bad(ctx, &mut rps, &mut left);
     if let Some(budget) = budget {
@@ -537,7 +537,7 @@ fn degraded_allowances(
         // Probation channels need traffic to prove themselves: if no
         // tolerant class has demand, any class may carry the small share.
         let base = if c.state == StateKind::Observing && !c.pinned {
-            // Half-open: a share of the group's real traffic (seed 002: "5 %
+            // Half-open: a share of the group's real traffic (incident 002: "5 %
             // of real traffic"), enough to judge it, never above its nominal.
             (c.health_weight * ctx.demand.iter().sum::<f64>())
                 .min(nominal[j].max(ctx.cap[j] * 0.01))
@@ -1008,7 +1008,7 @@ impl Scheduler {
         (self.plans[gi].as_ref().expect("just set"), changed)
     }
 
-    /// Whether group `gi` fails as a whole (SPEC §5a): its own panic rule
+    /// Whether group `gi` fails as a whole (docs/decisions.md#safety-rails): its own panic rule
     /// over the channels' health (updated once warm), or a partition engine
     /// that already judged it so.
     fn judge_correlation(
@@ -1051,7 +1051,7 @@ impl Scheduler {
     /// class's demand censored: for a class shed with no unsent report at
     /// all, scale the served demand back up by the shed share, and never
     /// let the estimate fall faster than a slow decay. A low estimate would
-    /// plan a backup above its capacity (seed 002).
+    /// plan a backup above its capacity (incident 002).
     fn uncensored_demand(&self, gi: usize, mut demand: [f64; 4], unsent: [f64; 4]) -> [f64; 4] {
         if let Some(p) = self.plans[gi].as_ref() {
             for (k, d) in demand.iter_mut().enumerate() {
@@ -1247,7 +1247,7 @@ mod tests {
 
     #[test]
     fn a_drained_channel_that_still_serves_takes_the_overflow_instead_of_a_shed() {
-        // SPEC §5a: health never sheds what static routing would have
+        // docs/decisions.md#safety-rails: health never sheds what static routing would have
         // served. Free fails 20 % and is drained; paid can take 46 of 100.
         let mut g = group(
             vec![ch("free", 0.0, 200.0, 0.9), ch("paid", 1.0, 57.5, 0.1)],
@@ -1391,7 +1391,7 @@ mod tests {
         set_state(&mut g, "free", StateKind::AtRisk, 0.3, 0.5);
         let p = run(&g);
         // Interactive and core fit on paid (40) except 10 core rps, which
-        // go to the least-bad channel rather than being shed (SPEC §5a).
+        // go to the least-bad channel rather than being shed (docs/decisions.md#safety-rails).
         assert_eq!(p.weight(Interactive, "free"), 0.0);
         assert_eq!(p.class(Core).shed, 0.0);
         assert!(close(p.weight(Core, "free"), 10.0 / 30.0));
@@ -1615,7 +1615,7 @@ mod tests {
                     "{} planned {} cap {}", c.id, c.planned_rps, input.capacity_rps);
             }
             // A drained channel only carries what healthy capacity could not
-            // (SPEC §5a overflow): while it carries anything, every healthy
+            // (docs/decisions.md#safety-rails overflow): while it carries anything, every healthy
             // channel is full. (Without a budget, which may move load later.)
             let overflow = p.channels.iter().zip(&sorted)
                 .any(|(c, i)| i.state == StateKind::Drained && c.planned_rps > 1e-9);

@@ -1,4 +1,4 @@
-//! Health score (SPEC §5): 0 is healthy, 1 is as bad as it gets.
+//! Health score (docs/decisions.md#score-and-states): 0 is healthy, 1 is as bad as it gets.
 //!
 //! Each voting signal maps linearly from 0 at its `normal` bound to 1 at its
 //! `degraded` bound (clamped; the bounds may run downward, as for output
@@ -79,7 +79,7 @@ pub fn score(signals: &Signals, policy: &SignalPolicies) -> Score {
 }
 
 /// The value a signal is scored at: a rate at its Wilson lower bound, so
-/// its evidence counts in proportion to its samples (SPEC §5a). The failure
+/// its evidence counts in proportion to its samples (docs/decisions.md#safety-rails). The failure
 /// rate (`bad_outcome_rate`) carries the weight of a drain on its own and
 /// is read at `bad_outcome_confidence_z`: one unlucky minute of a 2 %
 /// channel (14 bad of 200, 7 %, seen once a day or so) must not drain it,
@@ -102,7 +102,7 @@ fn scored_value(kind: SignalKind, m: &Measurement, policy: &SignalPolicies) -> f
 /// [`crate::signals::wilson_low`]), the others as measured. A channel on
 /// probation relapses only when even this optimistic reading is bad, so a
 /// few unlucky failures among a few dozen attempts do not send a recovered
-/// channel back (SPEC §5a: probation evidence fits the traffic). Each
+/// channel back (docs/decisions.md#safety-rails: probation evidence fits the traffic). Each
 /// failure counts once (see `bounded`).
 pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     bounded(signals, policy, &|k, m| {
@@ -120,7 +120,7 @@ pub fn optimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
 /// rest as measured. A probation passes only when even this reading is
 /// good, so the evidence a pass needs grows with what the channel shows: a
 /// clean channel passes on about 60 attempts, one still failing 10 % does
-/// not pass on a lucky handful (SPEC §5a: a confidence bound on the failure
+/// not pass on a lucky handful (docs/decisions.md#safety-rails: a confidence bound on the failure
 /// rate, not a fixed count). Only the one comprehensive rate is bounded,
 /// and the rates whose failures it counts are left out (see `bounded`).
 /// A tail quantile measured for a probation is read at its upper rank
@@ -136,13 +136,13 @@ pub fn pessimistic(signals: &Signals, policy: &SignalPolicies, z: f64) -> f64 {
     })
 }
 
-/// Whether a reading is that of an intermittent fault (SPEC §4, seed 004's
+/// Whether a reading is that of an intermittent fault (docs/decisions.md#signals, incident 004's
 /// latency pulses): the tail quantiles carry the score (most of it, and
 /// without them it would pass a probation, under `observe_pass_score`),
 /// while the typical
 /// attempt, the median latency of the same view, is no slower than the
 /// healthy channel's P99 (its learned baseline, else the P99 signal's
-/// `normal` bound). A channel slow throughout (seed 001's 4 s median) is
+/// `normal` bound). A channel slow throughout (incident 001's 4 s median) is
 /// not intermittent, nor is one failing a share of its requests. Such a
 /// probation looks clean until an attempt falls inside the fault, so its
 /// relapses hold later probations (`StatePolicy::intermittent_hold_factor`).
@@ -178,7 +178,7 @@ pub fn intermittent(
 /// the comprehensive failure rate (`bad_outcome_rate`) voted, the rates whose failures it counts too (`error_rate`,
 /// `recent_failure_rate`, the bad-answer kinds) are left out: the same few
 /// failures read several times add up to a verdict none of them supports.
-/// Seed 003's line fails 2 % on a good day; 6 failures in 61 attempts after
+/// Incident 003's line fails 2 % on a good day; 6 failures in 61 attempts after
 /// its fault ended sent it back twice over, through `error_rate` and
 /// `bad_outcome_rate`. The other way, one error among 51 attempts of a
 /// probation read at 2 % by `error_rate` and again inside the failure
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn the_relapse_reading_counts_the_same_failures_once() {
         let p = SignalPolicies::default();
-        // Seed 003's line after its fault: 6 failed of 61, all errors, so
+        // Incident 003's line after its fault: 6 failed of 61, all errors, so
         // the error rate and the failure rate both read 9.8 %.
         let mut s = Signals::default();
         s.values[SignalKind::ErrorRate as usize] = Some(Measurement::of(6.0 / 61.0, 61));
@@ -331,9 +331,9 @@ mod tests {
             assert!(sc.value >= policy.states.relapse_score, "{sc:?}");
             intermittent(&sc, || median(&s), &baseline, &policy, 5)
         };
-        // Seed 004: 120 ms typical, a pulse makes the tail 2.2 s.
+        // Incident 004: 120 ms typical, a pulse makes the tail 2.2 s.
         assert!(judge(reading(120.0, 2_200.0, 0.0)));
-        // Seed 001: slow throughout (a 4 s median): sustained.
+        // Incident 001: slow throughout (a 4 s median): sustained.
         assert!(!judge(reading(4_000.0, 9_000.0, 0.0)));
         // Failing a share of its requests: not the tail's doing, even with
         // a little help from it.
@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn seed_weights_and_breakdown() {
         let p = SignalPolicies::default();
-        // SPEC §5: P99 weight 0.25 over [2 s, 6 s]; at 4 s it contributes 0.125.
+        // docs/decisions.md#score-and-states: P99 weight 0.25 over [2 s, 6 s]; at 4 s it contributes 0.125.
         let s = score(&with(SignalKind::P99Latency, 4000.0), &p);
         assert!((s.value - 0.125).abs() < 1e-12);
         assert_eq!(s.voters(), 1);

@@ -1,4 +1,4 @@
-//! Per-channel signals (SPEC §4), measured from the windows at one event time.
+//! Per-channel signals (docs/decisions.md#signals), measured from the windows at one event time.
 //!
 //! Each signal picks the first view that has enough samples, in this order:
 //! real traffic over the short window, real over the long window, then probe
@@ -97,11 +97,11 @@ const fn quantile(digest: Digest, q: f64, count: fn(&Counters) -> u32) -> Method
 }
 
 signal_table! {
-    /// P99 total latency, ms. SPEC §5: 0.25 over [2 s, 6 s] (seed 000).
+    /// P99 total latency, ms. docs/decisions.md#score-and-states: 0.25 over [2 s, 6 s] (incident 000).
     P99Latency = "p99_latency_ms",
         Method::Quantile { digest: Digest::Latency, q: 0.99, count: |c| c.requests, probe_fallback: true },
         sig(0.25, 2_000.0, 6_000.0, 50);
-    /// P99 ÷ baseline P99. SPEC §4 / seed 004: ≥ 2.5 is sub-health even under
+    /// P99 ÷ baseline P99. docs/decisions.md#signals / incident 004: ≥ 2.5 is sub-health even under
     /// the absolute bound, so at 2.5 this alone reaches the AT_RISK score.
     RelativeP99 = "relative_p99",
         Method::Relative { of: SignalKind::P99Latency, baseline: |b, n| b.p99_ms(n) },
@@ -119,31 +119,31 @@ signal_table! {
         rate(false, |c, _| (ratio(c.slow as f64, c.requests), c.requests)),
         sig(0.10, 0.05, 0.25, 20);
     /// Share of failed attempts (client 4xx weighted by
-    /// `client_error_weight`). SPEC §5: 0.20 over [1 %, 5 %].
+    /// `client_error_weight`). docs/decisions.md#score-and-states: 0.20 over [1 %, 5 %].
     ErrorRate = "error_rate",
         rate(false, |c, cew| {
             (ratio(c.errors as f64 + cew * c.client_errors as f64, c.requests), c.requests)
         }),
         sig(0.20, 0.01, 0.05, 20);
-    /// Error rate among long-input requests (seed 003: 98 % → 70 % success on
+    /// Error rate among long-input requests (incident 003: 98 % → 70 % success on
     /// long requests only, invisible in the channel-wide rate). Weighted so
     /// that alone, at its degraded bound, it reaches AT_RISK.
     LongErrorRate = "long_error_rate",
         rate(true, |c, _| (ratio(c.long_errors as f64, c.long_requests), c.long_requests)),
         sig(0.45, 0.05, 0.25, 20);
     /// Hard failures among the last `engine.outcome_window` outcomes, however
-    /// far apart in time (seed 002's sparse failures). With the error rate it
+    /// far apart in time (incident 002's sparse failures). With the error rate it
     /// lets sustained hard failures drain a channel without help from
-    /// latency: the SPEC's error weight (0.20) alone never could.
+    /// latency: the error rate's own weight (0.20) alone never could.
     RecentFailureRate = "recent_failure_rate",
         Method::RecentOutcomes,
         sig(0.45, 0.03, 0.15, 20);
-    /// SPEC §5a, "a bad answer is a failed request": hard failures plus bad
+    /// docs/decisions.md#safety-rails, "a bad answer is a failed request": hard failures plus bad
     /// answers (truncated, garbled, schema-invalid, short or empty with HTTP
     /// 200) over hard failures plus successes. Alone at its degraded bound it
     /// drains (0.70 ≥ `drain_enter`), so any one kind of bad answer at 9–10 %
     /// of answers takes a channel out with normal status and latency, while
-    /// 2–3 % (seed 000's healthy truncation floor) scores nothing.
+    /// 2–3 % (incident 000's healthy truncation floor) scores nothing.
     /// Each kind is also judged over the answers that can show it (see
     /// [`bad_outcomes`]): schema-invalid answers at 12 % of structured
     /// requests that are a third of the traffic are 4 % of all answers.
@@ -154,25 +154,25 @@ signal_table! {
     RateLimitedRate = "rate_limited_rate",
         rate(false, |c, _| (ratio(c.rate_limited as f64, c.requests), c.requests)),
         sig(0.30, 0.02, 0.10, 20);
-    /// Share of attempts that are retries (attempt > 0). SPEC §5: 0.20 over
-    /// [2 %, 10 %] (seed 000).
+    /// Share of attempts that are retries (attempt > 0). docs/decisions.md#score-and-states: 0.20 over
+    /// [2 %, 10 %] (incident 000).
     RetryRate = "retry_rate",
         rate(true, |c, _| (ratio(c.retries as f64, c.requests), c.requests)),
         sig(0.20, 0.02, 0.10, 20);
-    /// Share of truncated outputs. SPEC §5: 0.20 over [5 %, 40 %].
+    /// Share of truncated outputs. docs/decisions.md#score-and-states: 0.20 over [5 %, 40 %].
     TruncationRate = "truncation_rate",
         rate(false, |c, _| (ratio(c.truncated as f64, c.successes), c.successes)),
         sig(0.20, 0.05, 0.40, 20);
-    /// Share of structured outputs that failed their schema (seed 002: > 1 %
+    /// Share of structured outputs that failed their schema (incident 002: > 1 %
     /// missing fields is sub-health).
     SchemaInvalidRate = "schema_invalid_rate",
         rate(false, |c, _| (ratio(c.schema_invalid as f64, c.structured), c.structured)),
         sig(0.15, 0.01, 0.10, 10);
-    /// Share of outputs containing U+FFFD (seed 003: garbled text).
+    /// Share of outputs containing U+FFFD (incident 003: garbled text).
     GarbledRate = "garbled_rate",
         rate(false, |c, _| (ratio(c.garbled as f64, c.successes), c.successes)),
         sig(0.15, 0.01, 0.10, 20);
-    /// Median output tokens (lower is worse). SPEC §5: 0.15 over [500, 150].
+    /// Median output tokens (lower is worse). docs/decisions.md#score-and-states: 0.15 over [500, 150].
     OutputTokensMedian = "output_tokens_median",
         quantile(Digest::OutputTokens, 0.5, |c| c.successes),
         sig(0.15, 500.0, 150.0, 20);
@@ -269,7 +269,7 @@ const fn sig(weight: f64, normal: f64, degraded: f64, min_samples: u32) -> Signa
 }
 
 /// Every signal's policy (config `signals.<name>`, defaults from
-/// [`SIGNALS`]) and two settings. The five with SPEC §5 seed weights (P99,
+/// [`SIGNALS`]) and two settings. The five with docs/decisions.md#score-and-states seed weights (P99,
 /// error rate, retry rate, truncation, output-token median) sum to 1.0 on
 /// their own; the others add detection paths the seeds asked for. The score
 /// is clamped to 1.
@@ -277,7 +277,7 @@ const fn sig(weight: f64, normal: f64, degraded: f64, min_samples: u32) -> Signa
 pub struct SignalPolicies {
     /// Per signal, in [`SignalKind`] order.
     pub by_kind: [SignalPolicy; SIGNAL_COUNT],
-    /// How much a client 4xx counts toward `error_rate` (SPEC §4: lightly).
+    /// How much a client 4xx counts toward `error_rate` (docs/decisions.md#signals: lightly).
     pub client_error_weight: f64,
     /// `bad_outcome_rate` is scored at its Wilson lower bound this many
     /// standard deviations (one-sided) under the measured share: measured
@@ -288,7 +288,7 @@ pub struct SignalPolicies {
     /// Every other rate signal (error rate, the last outcomes, 429s,
     /// retries, each kind of bad answer, ...) is scored at its Wilson lower
     /// bound this many standard deviations under the measured share: its
-    /// evidence is weighed by its sample count (SPEC §5a). Three errors in
+    /// evidence is weighed by its sample count (docs/decisions.md#safety-rails). Three errors in
     /// the 60 attempts a channel at 0.2 requests/s makes in five minutes
     /// read 5 %, the paid error bound's top, and a 1 % line shows that in
     /// about 2 % of five-minute windows, several times a day; read at its
@@ -429,7 +429,7 @@ fn wilson(p: f64, n: u32, z: f64) -> (f64, f64) {
     )
 }
 
-/// SPEC §5a, "a bad answer is a failed request", measured over the
+/// docs/decisions.md#safety-rails, "a bad answer is a failed request", measured over the
 /// answers that can show it: the share (and its denominator) whose Wilson
 /// lower bound at `z` is the highest among
 /// - hard failures and every bad answer over hard failures and successes;
@@ -507,7 +507,7 @@ pub struct Probation {
     pub min_samples: u32,
     /// Standard deviations of the confidence bounds a probation is judged
     /// at. A tail quantile is read at rank `q + z·sqrt(q(1−q)/n)` too: a
-    /// fault that hits 2–5 % of requests in short pulses (seed 004) leaves
+    /// fault that hits 2–5 % of requests in short pulses (incident 004) leaves
     /// only a handful of slow attempts among a probation's few hundred, and
     /// the point P99 of an unlucky handful reads clean.
     pub confidence_z: f64,
@@ -551,8 +551,8 @@ impl Default for LatencyView {
 /// The median latency of the view behind `latency`'s P99 at `now_ms` (the
 /// evaluation that measured it): the value `measure` would have read with
 /// `median` set, read from the ring now. Merging every run of the view
-/// for it at every evaluation took 7–8 % of the request path (README,
-/// "Where the time goes"), and only the median gauge and an intermittence verdict
+/// for it at every evaluation took 7–8 % of the request path (docs/performance.md),
+/// and only the median gauge and an intermittence verdict
 /// use it.
 pub fn read_latency_median(
     ring: &mut SliceRing,
@@ -1052,13 +1052,14 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_names_every_signal() {
+    fn the_design_notes_name_every_signal() {
         let readme =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/decisions.md"))
+                .unwrap();
         for d in &SIGNALS {
             assert!(
                 readme.contains(&format!("`{}`", d.name)),
-                "README: {}",
+                "docs/decisions.md does not name {}",
                 d.name
             );
         }
@@ -1229,7 +1230,7 @@ mod tests {
             baseline.learn(200.0, 500.0);
         }
         let t0 = 1_000_000_000;
-        // A pulse caught one of 190 probation attempts (seed 004 at a 5 %
+        // A pulse caught one of 190 probation attempts (incident 004 at a 5 %
         // share): the point P99 is clean, the upper rank is not.
         for i in 0..190 {
             let mut e = sample_event();

@@ -1,4 +1,4 @@
-//! The graded per-channel state machine (SPEC §5), a breaker with five states:
+//! The graded per-channel state machine (docs/decisions.md#score-and-states), a breaker with five states:
 //!
 //! ```text
 //!   HEALTHY ──score≥enter×k──▶ AT_RISK ──score<exit×k──▶ HEALTHY
@@ -130,7 +130,7 @@ pub enum TransitionReason {
     RecoveryStep { weight: f64 },
     /// The recovery schedule reached full weight.
     RecoveryComplete,
-    /// The route group's failure is correlated (SPEC §5a, panic mode): a
+    /// The route group's failure is correlated (docs/decisions.md#safety-rails, panic mode): a
     /// channel drained by the common cause is let back at once.
     CorrelatedFailure,
     /// An operator pin took effect.
@@ -196,7 +196,7 @@ impl Change {
     }
 }
 
-/// An operator override (SPEC §5 manual mode).
+/// An operator override (docs/decisions.md#score-and-states manual mode).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum PinKind {
     /// Weight 0 whatever the health.
@@ -234,7 +234,7 @@ pub struct Evaluation {
     /// Attempts the score rests on since the channel was let back in (see
     /// [`enough_evidence`]); a relapse needs none.
     pub evidence: u32,
-    /// The route group is failing as a whole (SPEC §5a panic mode): no
+    /// The route group is failing as a whole (docs/decisions.md#safety-rails panic mode): no
     /// score-driven move down, no fast-path drain.
     pub correlated: bool,
     /// The reading is of an intermittent fault: only the tail is bad, the
@@ -245,15 +245,15 @@ pub struct Evaluation {
     /// The failure rate rests on thin evidence (fewer judged answers than
     /// `signals.confidence_full_samples`, or too few to vote): a HEALTHY
     /// channel's drain-level score only puts it AT_RISK, where fresh
-    /// evidence at its reduced weight must confirm a drain (SPEC §5a:
+    /// evidence at its reduced weight must confirm a drain (docs/decisions.md#safety-rails:
     /// evidence proportionate to its samples).
     pub thin_evidence: bool,
 }
 
 /// Whether a probation that has run `elapsed_ms` with `evidence` attempts
-/// may pass. Recovery must fit the traffic (SPEC §5a): a busy channel shows
+/// may pass. Recovery must fit the traffic (docs/decisions.md#safety-rails): a busy channel shows
 /// `probation_min_samples` attempts within seconds, and that many are needed
-/// to see a fault that hits a few percent of requests (seed 004's pulses);
+/// to see a fault that hits a few percent of requests (incident 004's pulses);
 /// a sparse one (0.2–1 rps, mostly probes) never would, so after
 /// `probation_max_wait_ms` what arrived is enough, given at least
 /// `probation_floor_samples`.
@@ -559,7 +559,7 @@ impl StateMachine {
     }
 
     /// Drains and raises the penalty; the cool-down grows with the penalty
-    /// (SPEC §5, seed 002) up to `max_cooldown_ms`. A failed probation
+    /// (docs/decisions.md#score-and-states, incident 002) up to `max_cooldown_ms`. A failed probation
     /// (OBSERVING → DRAINED) counts as a repeat of the incident, so an
     /// upstream that keeps failing its probations waits longer each time
     /// instead of being re-admitted every few minutes. Relapses after
@@ -638,7 +638,7 @@ impl StateMachine {
         }
     }
 
-    /// The group's failure turned out to be correlated (SPEC §5a): if this
+    /// The group's failure turned out to be correlated (docs/decisions.md#safety-rails): if this
     /// channel's current incident began at or after `since_ms`, it was the
     /// common cause, not the channel. Cool-down and probation are skipped
     /// (back to HEALTHY now) and the incident's penalty is taken back.
@@ -1083,7 +1083,7 @@ mod tests {
         let ch = eval(&mut m, t + 15_000, 0.1);
         assert_eq!(ch[0].to, StateKind::Recovering);
         let start = t + 15_000;
-        // SPEC §5a: +25 % every 30 s, full weight 90 s after the pass.
+        // docs/decisions.md#safety-rails: +25 % every 30 s, full weight 90 s after the pass.
         let mut weights = vec![m.weight(&p)];
         let mut now = start;
         while m.kind() == StateKind::Recovering {

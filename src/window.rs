@@ -146,7 +146,7 @@ pub struct Counters {
     pub garbled: u32,
     /// Successes with fewer than `engine.short_output_tokens` output tokens.
     pub short_outputs: u32,
-    /// Successes whose answer is bad (SPEC §5a: truncated, garbled,
+    /// Successes whose answer is bad (docs/decisions.md#safety-rails: truncated, garbled,
     /// schema-invalid, or a real request's short/empty output): failures
     /// with HTTP 200. See [`is_bad_answer`].
     pub bad_answers: u32,
@@ -947,7 +947,7 @@ impl SliceRing {
     }
 }
 
-/// A successful attempt whose answer is no good to the caller (SPEC §5a: "a
+/// A successful attempt whose answer is no good to the caller (docs/decisions.md#safety-rails: "a
 /// bad answer is a failed request"): truncated, garbled (U+FFFD), failing its
 /// schema, or, for real traffic, shorter than `short_output_tokens` (an empty
 /// or cut answer; probes ask fixed short questions, so their length says
@@ -960,7 +960,7 @@ pub fn is_bad_answer(ev: &RequestEvent<'_>, short_output_tokens: i32) -> bool {
             || !ev.is_probe && ev.output_tokens < short_output_tokens)
 }
 
-/// The last N outcomes, however far apart in time (SPEC §4, seed 002).
+/// The last N outcomes, however far apart in time (docs/decisions.md#signals, incident 002).
 /// Only outcomes that say something about the channel count: a success or a
 /// hard failure. 429s, client errors and cancellations are left out. Bad
 /// answers are not recorded here: `bad_outcome_rate` counts them (with the
@@ -1016,7 +1016,7 @@ impl OutcomeWindow {
     }
 }
 
-/// Consecutive hard failures, reset by a success (SPEC §4).
+/// Consecutive hard failures, reset by a success (docs/decisions.md#signals).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FailureStreak {
     pub count: u32,
@@ -1035,7 +1035,7 @@ impl FailureStreak {
     }
 }
 
-/// Medians of previous short windows (SPEC §4): the reference for relative
+/// Medians of previous short windows (docs/decisions.md#signals): the reference for relative
 /// latency and output length. The owner only calls `learn` while the channel
 /// is healthy, so a sick channel cannot teach itself that sick is normal.
 #[derive(Debug, Clone)]

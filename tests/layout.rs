@@ -1,7 +1,7 @@
 //! The layout rules, checked from the tree itself so they cannot drift:
 //! every module is declared core (pure, event time) or shell; core modules
 //! import no tokio, Kafka or Redis and read no wall clock; modules do not
-//! import each other in a cycle; the README's layout names every file.
+//! import each other in a cycle; docs/architecture.md's layout names every file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -248,9 +248,9 @@ fn the_core_never_imports_the_shell() {
 }
 
 #[test]
-fn the_readme_layout_names_every_file_and_only_files_that_exist() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let block = readme
+fn the_architecture_layout_names_every_file_and_only_files_that_exist() {
+    let page = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let block = page
         .split("## Layout")
         .nth(1)
         .and_then(|s| s.split("```").nth(1))
@@ -263,12 +263,15 @@ fn the_readme_layout_names_every_file_and_only_files_that_exist() {
     for n in &named {
         assert!(
             root().join(n).exists(),
-            "README layout names `{n}`, which does not exist"
+            "docs/architecture.md's layout names `{n}`, which does not exist"
         );
     }
     let mut files = Vec::new();
-    for dir in ["src", "benches", "examples"] {
+    for dir in ["src", "benches", "examples", "tests"] {
         rust_files(&root().join(dir), &mut files);
+    }
+    for e in std::fs::read_dir(root().join("docs")).unwrap().flatten() {
+        files.push(e.path());
     }
     for f in files {
         let rel = f
@@ -279,6 +282,9 @@ fn the_readme_layout_names_every_file_and_only_files_that_exist() {
         let covered = named.iter().any(|n| {
             rel == *n || (n.ends_with('/') && rel.starts_with(n) && !rel[n.len()..].contains('/'))
         });
-        assert!(covered, "README layout does not name `{rel}`");
+        assert!(
+            covered,
+            "docs/architecture.md's layout does not name `{rel}`"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The drills: every scenario's targets asserted on simulated time, through
 //! the same `drill` the `hermes simulate` command runs, on at least five
 //! seeds each (the scenario's own and four more), so a target never rests on
-//! one lucky draw. Decisions are judged as a user would (SPEC §5a): failed
+//! one lucky draw. Decisions are judged as a user would (docs/decisions.md#safety-rails): failed
 //! requests after retries, shed counted as failed, against static weights on
 //! the same traffic.
 
@@ -11,7 +11,7 @@ use hermes::sim::report::{ChannelReport, Report};
 use hermes::sim::scenario::Scenario;
 use std::sync::Arc;
 
-/// SPEC §5a: back to full weight within 8 min of a fault ending.
+/// docs/decisions.md#safety-rails: back to full weight within 8 min of a fault ending.
 const RECOVERY_S: f64 = 480.0;
 
 fn load(name: &str) -> Scenario {
@@ -114,7 +114,7 @@ fn first_faulty(r: &Report) -> &ChannelReport {
     faulty(r).next().expect("a faulty channel")
 }
 
-/// SPEC §5a, one page per incident: a channel's incident raises at most
+/// docs/decisions.md#safety-rails, one page per incident: a channel's incident raises at most
 /// the drain and one escalation, and OSCILLATION never comes of a single
 /// incident.
 fn pages_once(r: &Report) {
@@ -294,7 +294,7 @@ fn hard_down_drains_on_the_nth_failure_and_comes_back() {
 
 #[test]
 fn a_sparse_channel_recovers_within_fifteen_minutes() {
-    // SPEC §5a: recovery fits the traffic. About 0.5 rps reach free-a; its
+    // docs/decisions.md#safety-rails: recovery fits the traffic. About 0.5 rps reach free-a; its
     // probation rests on that and its probes.
     let sc = load("sparse-hard-down");
     for r in five(&sc) {
@@ -318,7 +318,7 @@ fn retry_storm_is_detected_and_raises_a_429_alert() {
     }
 }
 
-/// SPEC §5a: any one kind of bad answer at 10 % drains a channel with
+/// docs/decisions.md#safety-rails: any one kind of bad answer at 10 % drains a channel with
 /// normal status and latency: AT_RISK within 2 min, DRAINED within
 /// `drain_s` (5 min; see `empty_answers_alone_drain_a_channel`).
 fn bad_answers_alone(name: &str, drain_s: f64) {
@@ -362,7 +362,7 @@ fn empty_answers_alone_drain_a_channel() {
     bad_answers_alone("bad-answers-empty", 390.0);
 }
 
-/// Bad answers only some requests can show (SPEC §5a, measured over the
+/// Bad answers only some requests can show (docs/decisions.md#safety-rails, measured over the
 /// answers that can show them): schema failures at 12 % of structured
 /// requests that are a third of the traffic.
 ///
@@ -373,7 +373,7 @@ fn schema_failures_of_structured_requests_alone_drain_a_channel() {
     bad_answers_alone("structured-bad-answers", 310.0);
 }
 
-/// SPEC §5a: a channel that fails hard is drained whenever a healthy
+/// docs/decisions.md#safety-rails: a channel that fails hard is drained whenever a healthy
 /// channel can take its traffic, whatever share of the group fails. Two of
 /// three channels refuse everything; the third has room for all of it.
 #[test]
@@ -468,7 +468,7 @@ fn a_slow_truncation_ramp_is_drained_soon_after_it_crosses_ten_percent() {
     }
 }
 
-/// SPEC §5a: a correlated failure is not a channel fault. Users fare no
+/// docs/decisions.md#safety-rails: a correlated failure is not a channel fault. Users fare no
 /// worse than on static weights, one P1 names it, and every channel is at
 /// full weight within 3 minutes of its end.
 fn correlated(name: &str) {
@@ -495,7 +495,7 @@ fn a_group_wide_blip_is_let_back_at_once() {
     correlated("group-blip");
 }
 
-/// Seed 002: a free tier's quota. Planned down ahead of the cliff, the
+/// Incident 002: a free tier's quota. Planned down ahead of the cliff, the
 /// channel never hits it: no burst of 429s, and the operator is told.
 #[test]
 fn a_quota_running_out_is_planned_down_before_the_cliff() {
@@ -590,7 +590,7 @@ fn a_healthy_day_is_left_alone_on_ten_seeds_second_half() {
     }
 }
 
-/// SPEC §5a: evidence proportionate to its samples. Channels at 0.2
+/// docs/decisions.md#safety-rails: evidence proportionate to its samples. Channels at 0.2
 /// requests/s failing 1 % for a day, on ten seeds: zero drains, no AT_RISK
 /// period over 5 minutes.
 #[test]

@@ -983,7 +983,7 @@ fn assigned(h: &Hermes) -> Vec<i32> {
 ///
 /// tansu 0.6's group coordinator strands the partitions of a SIGKILLed
 /// group *leader* for good (the group stays in its forming state waiting for
-/// the dead leader's SyncGroup; see the README's notes on tansu), so the
+/// the dead leader's SyncGroup; see docs/operating.md's notes on tansu), so the
 /// test makes `a` the leader (it joins first and alone) and kills `b`, a
 /// plain member. Apache Kafka re-elects a leader, so either would do there.
 #[test]
@@ -1214,7 +1214,7 @@ fn redis_down_for_ten_seconds_hermes_keeps_consuming_and_republishes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// SPEC §5a / issue #11: dependencies come and go. Hermes started before its
+/// docs/decisions.md#safety-rails / issue #11: dependencies come and go. Hermes started before its
 /// broker keeps running, says on `/readyz` why it is not ready, logs the
 /// outage once rather than per retry, and becomes ready and consumes once
 /// the broker is up.
@@ -1277,7 +1277,7 @@ fn a_broker_that_comes_up_after_hermes_is_waited_for_and_readiness_says_why() {
     hermes.kill();
 }
 
-/// SPEC §5a / issue #11: a Schema Registry outage delays, it never
+/// docs/decisions.md#safety-rails / issue #11: a Schema Registry outage delays, it never
 /// discards. Confluent-framed events whose schema id Hermes has not cached
 /// arrive while the registry answers 503 for 20 s: their partitions pause
 /// at the first such record (readiness says why), and once the registry is

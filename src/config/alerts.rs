@@ -3,18 +3,18 @@
 
 use super::*;
 
-/// Alert rules (SPEC §7).
+/// Alert rules (docs/decisions.md#alerts-and-pages).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlertConfig {
     /// The same (channel, kind) alert is raised at most once per window.
     /// Transitions are never deduplicated: every one is an action.
     pub dedup_window_ms: i64,
-    /// SPEC §7: error rate above this *and* P99 above `p1_p99_ms` is P1.
+    /// docs/decisions.md#alerts-and-pages: error rate above this *and* P99 above `p1_p99_ms` is P1.
     pub p1_error_rate: f64,
-    /// SPEC §7: P99 above this alone is P2.
+    /// docs/decisions.md#alerts-and-pages: P99 above this alone is P2.
     pub p1_p99_ms: f64,
-    /// SPEC §7: more consecutive probe failures than this is P1 "upstream
+    /// docs/decisions.md#alerts-and-pages: more consecutive probe failures than this is P1 "upstream
     /// unavailable".
     pub probe_failures_p1: u32,
     /// A 429 share above this raises a rate-limit spike alert.
@@ -33,8 +33,9 @@ pub struct AlertConfig {
     pub dead_letter_share: f64,
     /// ... once at least this many records were read in the window.
     pub dead_letter_min_records: u32,
+    /// The window `dead_letter_share` is measured over.
     pub dead_letter_window_ms: i64,
-    /// One page per incident (SPEC §5a): a channel's first P1/P2 alert opens
+    /// One page per incident (docs/decisions.md#safety-rails): a channel's first P1/P2 alert opens
     /// an incident; until it ends, one escalation pages (UPSTREAM_UNAVAILABLE,
     /// or a page more severe than the first) and every other alert of the
     /// channel is lowered to P3 (still published: the audit trail keeps

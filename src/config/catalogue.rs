@@ -24,8 +24,9 @@ impl Tier {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTier {
     /// Relative weight a channel of this tier starts with while nothing is
-    /// known (seed 004: free 30 / paid 70 instead of 50 / 50).
+    /// known (incident 004: free 30 / paid 70 instead of 50 / 50).
     pub(super) initial_weight: Option<f64>,
+    /// A partial `[policy]` table layered over the built-in tier layer.
     pub(super) policy: Option<toml::Table>,
 }
 
@@ -53,7 +54,7 @@ pub(super) struct RawGroup {
 }
 
 /// A channel's quota period unless it says otherwise: a day, the period
-/// free tiers count in (seed 002).
+/// free tiers count in (incident 002).
 pub const DEFAULT_QUOTA_PERIOD_MS: i64 = 86_400_000;
 
 /// One upstream route, fully resolved.
@@ -69,7 +70,7 @@ pub struct ChannelConfig {
     /// Relative weight while nothing is known (tier default unless set).
     pub initial_weight: f64,
     /// Quota per day if the upstream enforces one (requests), else none.
-    /// Attempts the upstream allows per `quota_period_ms` (seed 002's free
+    /// Attempts the upstream allows per `quota_period_ms` (incident 002's free
     /// tier), used when gateways do not report `quota_remaining`.
     pub quota: Option<u64>,
     /// The quota's period; periods start at multiples of it since the epoch

@@ -8,11 +8,11 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
-    /// Width of one ring slice. SPEC §4: 5–10 s slices.
+    /// Width of one ring slice. docs/decisions.md#signals: 5–10 s slices.
     pub slice_ms: i64,
-    /// The short view (SPEC §4: 1 min). Must be a multiple of `slice_ms`.
+    /// The short view (docs/decisions.md#signals: 1 min). Must be a multiple of `slice_ms`.
     pub short_window_ms: i64,
-    /// The long view (SPEC §4: 5 min); signals that lack samples in the short
+    /// The long view (docs/decisions.md#signals: 5 min); signals that lack samples in the short
     /// view fall back to it. Sets the ring length, hence memory per channel.
     pub long_window_ms: i64,
     /// How often every channel is scored and its state machine stepped (event
@@ -31,7 +31,7 @@ pub struct EngineConfig {
     /// past the skew is taken when a second gateway's event, or this many
     /// events in a row, land beyond it: a real gap in the traffic.
     pub clock_jump_events: u32,
-    /// Size of the count-based window of last outcomes. SPEC §4 / seed 002:
+    /// Size of the count-based window of last outcomes. docs/decisions.md#signals / incident 002:
     /// "the last 100 requests" catches sparse failures a time window misses.
     pub outcome_window: u32,
     /// The largest t-digest compression a slice or a pane may use (the
@@ -45,7 +45,7 @@ pub struct EngineConfig {
     /// t-digest scale keeps its outermost centroids small), so a view of
     /// twelve slices at 25 reads its P99 from single values. 25 cuts what a
     /// busy channel holds and what an evaluation tick walks about fourfold
-    /// against 100 (measured in the README's performance section).
+    /// against 100 (docs/performance.md).
     pub slice_tdigest_size: u32,
     /// Slices that have left the short view are merged into panes of this
     /// width (a multiple of `slice_ms`), one merge per slice, and only the
@@ -61,7 +61,7 @@ pub struct EngineConfig {
     /// holds `pane_ms / slice_ms` times a slice's values at the same
     /// compression by default: the t-digest scale keeps its tails sharp,
     /// and the centroids a busy channel keeps fall by about a third
-    /// (README, performance).
+    /// (docs/performance.md).
     pub pane_tdigest_size: u32,
     /// The evaluation interval is cut into this many phases, and route
     /// group `i` is evaluated in phase `i % evaluation_phases`: each group
@@ -71,7 +71,7 @@ pub struct EngineConfig {
     /// interval's start.
     pub evaluation_phases: u32,
     /// Requests with at least this many input tokens are "long" (their own
-    /// latency and error buckets: seed 003, failures only on long requests).
+    /// latency and error buckets: incident 003, failures only on long requests).
     pub long_input_tokens: u32,
     /// Outputs with fewer tokens count toward the short-output share.
     pub short_output_tokens: u32,
@@ -97,7 +97,7 @@ pub struct EngineConfig {
     /// verdict) read it when they need it, whatever this says.
     pub latency_median_interval_ms: i64,
     /// A channel with no events for this long while its partition advances is
-    /// reported silent. Seed 004 wants gaps noticed within a minute.
+    /// reported silent. Incident 004 wants gaps noticed within a minute.
     pub silent_after_ms: i64,
     /// Quota forecasts look this far ahead (also the scheduler's horizon).
     pub quota_horizon_ms: i64,

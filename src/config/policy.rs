@@ -14,40 +14,40 @@ pub struct RecoveryStep {
     pub every_ms: i64,
 }
 
-/// The graded state machine's thresholds and timers (SPEC §5).
+/// The graded state machine's thresholds and timers (docs/decisions.md#score-and-states).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StatePolicy {
-    /// Score at or above which HEALTHY becomes AT_RISK. SPEC §5 / seed 000.
+    /// Score at or above which HEALTHY becomes AT_RISK. docs/decisions.md#score-and-states / incident 000.
     pub at_risk_enter: f64,
     /// Score below which AT_RISK returns to HEALTHY (hysteresis: below entry).
     pub at_risk_exit: f64,
     /// Score at or above which a channel is drained once confirmed.
     pub drain_enter: f64,
-    /// Health weight factor while AT_RISK. SPEC §5 / seed 000: weight × 0.3,
+    /// Health weight factor while AT_RISK. docs/decisions.md#score-and-states / incident 000: weight × 0.3,
     /// keeping only low-risk batch traffic.
     pub at_risk_weight: f64,
     /// Consecutive evaluations at or above `at_risk_enter` before AT_RISK.
-    /// Seed 004: free lines trip after 2, paid after 3.
+    /// Incident 004: free lines trip after 2, paid after 3.
     pub at_risk_confirmations: u32,
     /// Consecutive evaluations at or above `drain_enter` before DRAINED.
-    /// SPEC §5 / seed 000: two consecutive windows.
+    /// docs/decisions.md#score-and-states / incident 000: two consecutive windows.
     pub drain_confirmations: u32,
     /// Consecutive evaluations below `at_risk_exit` before AT_RISK → HEALTHY.
     /// A full short window (12 × 5 s): a channel at 30 % weight sees few
-    /// requests, and a periodic fault (seed 004: a pulse every 40 s) must not
+    /// requests, and a periodic fault (incident 004: a pulse every 40 s) must not
     /// slip out between two pulses and flap back in.
     pub healthy_confirmations: u32,
-    /// Consecutive hard failures that drain immediately (fast path). SPEC §5:
+    /// Consecutive hard failures that drain immediately (fast path). docs/decisions.md#score-and-states:
     /// 3–5, lower for free channels.
     pub consecutive_failures: u32,
-    /// Base cool-down in DRAINED before OBSERVING. SPEC §5: 90–120 s; seed
+    /// Base cool-down in DRAINED before OBSERVING. docs/decisions.md#score-and-states: 90–120 s; incident
     /// 002 cut 300 s to 90 s because long cool-downs stalled recovery.
     pub cooldown_ms: i64,
     /// Each remembered incident multiplies the cool-down by this.
     pub cooldown_growth: f64,
     /// Cap on the cool-down grown by one incident's drains and failed
-    /// probations: SPEC §5a's 8 minutes from a fault's end to full weight
+    /// probations: docs/decisions.md#safety-rails's 8 minutes from a fault's end to full weight
     /// must fit it.
     pub max_cooldown_ms: i64,
     /// Cap on the cool-down once relapses after re-admission multiply it
@@ -60,7 +60,7 @@ pub struct StatePolicy {
     /// The incident penalty halves over this much event time.
     pub penalty_half_life_ms: i64,
     /// Share of the channel's normal weight given to it while OBSERVING
-    /// (seed 002: 5 % half-open traffic).
+    /// (incident 002: 5 % half-open traffic).
     pub half_open_share: f64,
     /// Consecutive passing evaluations in OBSERVING before RECOVERING.
     pub observe_passes: u32,
@@ -72,18 +72,18 @@ pub struct StatePolicy {
     /// the channel was let back in, enough for the latency signals to vote:
     /// with a 5 % share few signals have enough samples to vote, and a score
     /// summed over too few voters reads healthier than the channel is. 200
-    /// samples see a fault that hits 2.5 % of requests (seed 004's 1 s pulse
+    /// samples see a fault that hits 2.5 % of requests (incident 004's 1 s pulse
     /// every 40 s) with 99.4 % probability; 100 miss it one time in 13, and
     /// a long fault gets many probations, so luck would let it back in.
     pub probation_min_samples: u32,
-    /// Recovery fits the traffic (SPEC §5a): a probation that has run this
+    /// Recovery fits the traffic (docs/decisions.md#safety-rails): a probation that has run this
     /// long may pass on fewer than `probation_min_samples` attempts (probes
     /// included), given `probation_floor_samples`. A sparse channel (0.2–1
     /// rps) would otherwise stay OBSERVING for hours.
     pub probation_max_wait_ms: i64,
     /// The least evidence any pass rests on.
     pub probation_floor_samples: u32,
-    /// An OBSERVING evaluation passes below this score (SPEC §5: 0.4).
+    /// An OBSERVING evaluation passes below this score (docs/decisions.md#score-and-states: 0.4).
     pub observe_pass_score: f64,
     /// In OBSERVING or RECOVERING, an evaluation at or above this score is a
     /// failure and drains again.
@@ -94,14 +94,14 @@ pub struct StatePolicy {
     /// even the lower bounds score at `relapse_score`, a pass only when even
     /// the upper bounds score under `observe_pass_score`. At 1.645 each call
     /// has 95 % confidence. A line that normally fails 2 % shows 5 % in 80
-    /// attempts every few minutes (seed 003's line relapsed after its fault
+    /// attempts every few minutes (incident 003's line relapsed after its fault
     /// ended on that), and a line still failing 10 % shows 3 % in 30
     /// attempts often enough to pass. An OBSERVING pass also reads the tail
     /// latency signals at their upper rank (`signals::Probation`): a
     /// periodic pulse that slowed one of 190 attempts leaves the point P99
     /// clean. 0 judges on the point estimate.
     pub probation_confidence_z: f64,
-    /// An intermittent fault (SPEC §4, seed 004: a 1–2 s latency pulse every
+    /// An intermittent fault (docs/decisions.md#signals, incident 004: a 1–2 s latency pulse every
     /// 40 s) leaves a probation at 5 % share looking clean until an attempt
     /// happens to fall inside a pulse, and now and then none does for three
     /// pulses in a row: the probation passes and the channel relapses in
@@ -112,16 +112,16 @@ pub struct StatePolicy {
     /// looked clean. A sustained fault relapses within seconds, so its hold
     /// is short; a relapse on anything else never holds. 0 turns it off.
     pub intermittent_hold_factor: f64,
-    /// Cap on that hold: SPEC §5a's 8 minutes from a fault's end to full
+    /// Cap on that hold: docs/decisions.md#safety-rails's 8 minutes from a fault's end to full
     /// weight must fit the grown cool-down, the hold and the recovery
     /// schedule.
     pub max_intermittent_hold_ms: i64,
-    /// RECOVERING weight schedule (SPEC §5 / seed 002: +10 % every 120 s up
+    /// RECOVERING weight schedule (docs/decisions.md#score-and-states / incident 002: +10 % every 120 s up
     /// to 40 %, then +20 %). The first step is also the starting weight.
     pub recovery_steps: Vec<RecoveryStep>,
     /// This many relapses after re-admission (a drain of a channel that
     /// passed a probation, see `state`) within `oscillation_window_ms` raise
-    /// the oscillation alarm, once per episode (SPEC §5a: OSCILLATION only
+    /// the oscillation alarm, once per episode (docs/decisions.md#safety-rails: OSCILLATION only
     /// for a channel that keeps failing after it earned weight back). One
     /// relapse is a fault that outlived its probation; two within the
     /// window is an upstream that flaps.
@@ -145,9 +145,9 @@ impl Default for StatePolicy {
             consecutive_failures: 5,
             cooldown_ms: 120_000,
             cooldown_growth: 2.0,
-            // SPEC §5a: back to full weight within 8 min of a fault ending.
+            // docs/decisions.md#safety-rails: back to full weight within 8 min of a fault ending.
             // A grown cool-down of 180 s, a probation of 15–150 s and the
-            // 90 s schedule fit; seed 002 cut 300 s cool-downs to 90 s for
+            // 90 s schedule fit; incident 002 cut 300 s cool-downs to 90 s for
             // the same reason.
             max_cooldown_ms: 180_000,
             max_relapse_cooldown_ms: 1_800_000,
@@ -163,8 +163,8 @@ impl Default for StatePolicy {
             intermittent_hold_factor: 3.0,
             // 180 s cool-down + 180 s hold + 90 s schedule + ticks < 480 s.
             max_intermittent_hold_ms: 180_000,
-            // SPEC §5a: full weight within 8 min of a fault ending, with
-            // the default config. The SPEC §5 seed schedule (+10 % / 120 s
+            // docs/decisions.md#safety-rails: full weight within 8 min of a fault ending, with
+            // the default config. The docs/decisions.md#score-and-states seed schedule (+10 % / 120 s
             // to 40 %, then +20 %) takes 720 s from its first step, so
             // measured drills took 850–980 s; this one takes 90 s, in steps
             // of 30 s in which a channel at 25 % weight still sees enough
@@ -377,9 +377,9 @@ impl StatePolicy {
     }
 }
 
-/// Built-in free-tier overrides (partial policy). Seed 004 made trust tiers
+/// Built-in free-tier overrides (partial policy). Incident 004 made trust tiers
 /// explicit: free lines trip faster and on lower thresholds ("P99 500 ms twice
-/// vs paid 800 ms three times", scaled to our LLM latency bounds); seed 002
+/// vs paid 800 ms three times", scaled to our LLM latency bounds); incident 002
 /// lowered the free error threshold below the paid one and cut the cool-down
 /// to 90 s.
 pub(super) const FREE_TIER_POLICY: &str = r#"

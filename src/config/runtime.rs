@@ -41,13 +41,21 @@ pub struct KafkaConfig {
     pub brokers: String,
     /// Consumer group of the request topic (channels are sharded by key).
     pub group_id: String,
+    /// The gateways' request events (Avro, key = channel id): one engine
+    /// per partition, so a channel's events must all land on one partition.
     pub request_topic: String,
+    /// Every action Hermes takes, as an Avro alert event keyed by channel
+    /// (the route group for group-wide alerts).
     pub alert_topic: String,
+    /// Records Hermes could not use, with their original bytes and a
+    /// `reason` header.
     pub dead_letter_topic: String,
     /// Low-volume topic keyed by route group: per-channel health from the
     /// partition owners to the one writer of each group (every instance
     /// reads all of it; see `service::groups`).
     pub health_topic: String,
+    /// The consumer group's session timeout: how long an instance that
+    /// stopped answering keeps its partitions before they move.
     pub session_timeout_ms: i64,
     /// Schema Registry base URL (`http://` or `https://host:port[/path]`)
     /// for Confluent-framed records; empty: plain datums only.
@@ -56,6 +64,7 @@ pub struct KafkaConfig {
     /// secret). The password may come from `HERMES_SCHEMA_REGISTRY_PASSWORD`
     /// instead of the file; it never appears in a log line.
     pub schema_registry_username: String,
+    /// The basic-auth password (see `schema_registry_username`).
     pub schema_registry_password: String,
     /// A bearer token instead of basic auth (or `HERMES_SCHEMA_REGISTRY_TOKEN`).
     pub schema_registry_token: String,
@@ -193,6 +202,7 @@ impl KafkaConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS.
     pub url: String,
 }
 

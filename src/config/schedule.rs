@@ -3,11 +3,11 @@
 
 use super::*;
 
-/// Group-level safety (SPEC §5a; the mechanism is in `safety`).
+/// Group-level safety (docs/decisions.md#safety-rails; the mechanism is in `safety`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SafetyConfig {
-    /// Panic mode on or off (on: SPEC §5a asks for it).
+    /// Panic mode on or off (on: docs/decisions.md#safety-rails asks for it).
     pub enabled: bool,
     /// Share of a group's capacity that must be bad at once for a correlated
     /// failure. 0.5, like Envoy's default panic threshold (50 %).
@@ -54,21 +54,21 @@ pub(super) fn validate_safety(s: &SafetyConfig, v: &mut Issues) {
     );
 }
 
-/// Scheduler knobs (SPEC §6).
+/// Scheduler knobs (docs/decisions.md#scheduling).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScheduleConfig {
-    /// Never plan more than capacity × headroom on a channel (seed 002: the
+    /// Never plan more than capacity × headroom on a channel (incident 002: the
     /// backup that collapsed under doubled traffic).
     pub capacity_headroom: f64,
     /// Largest change of one channel's weight per evaluation tick, except
-    /// drains (immediate). Seed 002: at most 15 % per round.
+    /// drains (immediate). Incident 002: at most 15 % per round.
     pub max_weight_step: f64,
     /// Demand is estimated over this much event time.
     pub demand_window_ms: i64,
     /// Weights below this are dropped to zero (and the rest renormalized).
     pub min_weight: f64,
-    /// SPEC §5a, "health never sheds what static routing would have served":
+    /// docs/decisions.md#safety-rails, "health never sheds what static routing would have served":
     /// demand that healthy capacity cannot take goes to the least-bad
     /// unhealthy channels (lowest score first, within capacity) rather than
     /// being shed, unless a channel's measured failure rate (hard failures
@@ -109,7 +109,7 @@ impl Default for ScheduleConfig {
 pub struct ClassPolicy {
     /// 0 is served first.
     pub priority: u8,
-    /// May this class stay on an AT_RISK channel (seed 000: batch may).
+    /// May this class stay on an AT_RISK channel (incident 000: batch may).
     pub accepts_at_risk: bool,
     /// Highest channel score this class tolerates.
     pub max_score: f64,

@@ -1,4 +1,4 @@
-//! Weight snapshots: what Hermes writes to Redis and gateways read (SPEC §7).
+//! Weight snapshots: what Hermes writes to Redis and gateways read (docs/decisions.md#alerts-and-pages).
 //!
 //! One key per route group, `hermes:{GROUP}:weights`, holds the whole
 //! snapshot as JSON: every class's weights and shed share, every channel's

@@ -23,8 +23,8 @@ use std::sync::Mutex;
 /// in place ([`Metrics::set_channel`]) on every evaluation of every
 /// channel. It used to go into a map keyed by id strings, with a few
 /// strings and vectors a channel: a key allocated and compared down a
-/// B-tree and the old value's blocks freed, each time (see the README's
-/// "Where the time goes" for what that cost).
+/// B-tree and the old value's blocks freed, each time (docs/performance.md,
+/// "What the design choices bought").
 #[derive(Debug, Clone)]
 pub struct ChannelGauges {
     pub group: ShortStr,

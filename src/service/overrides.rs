@@ -1,4 +1,4 @@
-//! Operator overrides (seed 002's manual mode, seed 004's action channel):
+//! Operator overrides (incident 002's manual mode, incident 004's action channel):
 //! pin a channel (drain it, hold a weight, or force it healthy) and freeze a
 //! group's weights, each with who, why and an optional expiry.
 //!

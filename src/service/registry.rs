@@ -5,7 +5,7 @@
 //! `ureq` over `http://` or `https://` (native-tls: the system OpenSSL),
 //! with basic auth or a bearer token. It runs on the request thread, once
 //! per unknown id, never per record. Three answers, kept apart because
-//! they call for different actions (SPEC §5a: a dependency outage delays,
+//! they call for different actions (docs/decisions.md#safety-rails: a dependency outage delays,
 //! it never discards):
 //! - the schema: cached for good;
 //! - "no such schema" (404): believed for `schema_registry_missing_ttl_ms`,

@@ -157,7 +157,7 @@ pub(crate) struct Request {
 
 impl Request {
     /// A gateway's health probe to channel `channel`: a small structured
-    /// request with a fixed answer shape (seed 000's "fixed questions").
+    /// request with a fixed answer shape (incident 000's "fixed questions").
     pub(crate) fn probe(channel: usize) -> Request {
         Request {
             class: TrafficClass::Core,

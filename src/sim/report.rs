@@ -1,7 +1,7 @@
 //! The drill report: decision quality computed from the alert stream (the
 //! audit trail every action leaves), plus the cost and harm comparisons.
 //!
-//! Definitions (also in the README):
+//! Definitions (also in docs/scenarios.md):
 //! - `detect_s`: fault start → first transition out of HEALTHY.
 //! - `drain_s`: fault start → first transition to DRAINED.
 //! - `recover_s`: fault end → HEALTHY (full weight); 0 if it already was.

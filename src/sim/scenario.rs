@@ -1,5 +1,5 @@
 //! Scenario files: channels, traffic, faults (TOML). Documented with an
-//! example in the README; `scenarios/*.toml` are the seed incidents.
+//! example in docs/scenarios.md; `scenarios/*.toml` are the drills.
 
 use crate::config::Tier;
 use crate::event::TrafficClass;
@@ -55,7 +55,7 @@ fn default_start_ms() -> i64 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayModel {
-    /// Retries per request after a retryable failure (seed 001: "retry
+    /// Retries per request after a retryable failure (incident 001: "retry
     /// immediately, up to 3 times" caused the storm).
     pub max_retries: u32,
     /// Delay before a retry.
@@ -95,7 +95,7 @@ pub struct SimChannel {
     /// Capacity Hermes is told about (defaults to the real one).
     pub declared_capacity_rps: Option<f64>,
     /// Attempts the upstream allows per `quota_period_s` (probes included);
-    /// past it every attempt gets 429 until the period ends (seed 002's
+    /// past it every attempt gets 429 until the period ends (incident 002's
     /// free tier). Written into the Hermes config as the channel's `quota`.
     pub quota: Option<u64>,
     #[serde(default = "default_quota_period_s")]
@@ -224,7 +224,7 @@ impl Behavior {
     }
 }
 
-/// A periodic latency pulse (seed 004: 40 s fine, then 1–2 s slow).
+/// A periodic latency pulse (incident 004: 40 s fine, then 1–2 s slow).
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pulse {
@@ -244,7 +244,7 @@ pub struct Fault {
     /// The fault grows linearly from the normal profile over this long.
     #[serde(default)]
     pub ramp_s: f64,
-    /// Only long-input requests are affected (seed 003).
+    /// Only long-input requests are affected (incident 003).
     #[serde(default)]
     pub only_long: bool,
     /// Every attempt is refused (connect error, fast).
