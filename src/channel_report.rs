@@ -521,47 +521,6 @@ impl ChannelReport {
     }
 }
 
-/// A time as operators write it: `2026-11-24`, `2026-11-24T08:00:00Z`, or
-/// milliseconds since the epoch.
-pub fn parse_time_ms(text: &str) -> Result<i64, String> {
-    let t = text.trim();
-    if let Ok(ms) = t.parse::<i64>() {
-        return Ok(ms);
-    }
-    let bad = || {
-        format!("`{text}`: a date (2026-11-24), a UTC time (2026-11-24T08:00:00Z) or epoch milliseconds")
-    };
-    let (date, time) = t.split_once('T').unwrap_or((t, "00:00:00Z"));
-    let d: Vec<i64> = date
-        .split('-')
-        .map(|x| x.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    let time = time.strip_suffix('Z').ok_or_else(bad)?;
-    let h: Vec<i64> = time
-        .split(':')
-        .map(|x| x.parse().map_err(|_| bad()))
-        .collect::<Result<_, _>>()?;
-    if d.len() != 3
-        || h.len() != 3
-        || !(1..=12).contains(&d[1])
-        || !(1..=31).contains(&d[2])
-        || h[0] > 23
-        || h[1] > 59
-        || h[2] > 60
-    {
-        return Err(bad());
-    }
-    // Howard Hinnant's days_from_civil.
-    let (y, m, day) = (if d[1] <= 2 { d[0] - 1 } else { d[0] }, d[1], d[2]);
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Ok(((days * 86_400) + h[0] * 3600 + h[1] * 60 + h[2]) * 1000)
-}
-
 /// Alerts from JSON lines (`hermes simulate --alerts`); a line that does
 /// not parse is an error naming it.
 pub fn read_json_lines(text: &str) -> Result<Vec<AlertEvent>, String> {
@@ -599,22 +558,6 @@ mod tests {
             weight: None,
             message: "m".into(),
         }
-    }
-
-    #[test]
-    fn times_parse_as_written() {
-        assert_eq!(parse_time_ms("1970-01-01").unwrap(), 0);
-        assert_eq!(
-            parse_time_ms("2026-12-01T14:40:00Z").unwrap(),
-            1_796_136_000_000
-        );
-        assert_eq!(
-            utc(parse_time_ms("2024-02-29T23:59:59Z").unwrap()),
-            "2024-02-29T23:59:59Z"
-        );
-        assert_eq!(parse_time_ms("12345").unwrap(), 12_345);
-        assert!(parse_time_ms("2026-13-01").is_err());
-        assert!(parse_time_ms("yesterday").is_err());
     }
 
     #[test]

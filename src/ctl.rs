@@ -30,7 +30,7 @@ pub enum CtlError {
         reason: String,
     },
     #[error(
-        "{url}: {source} (is `hermes run` serving its control API there? see service.http_listen)"
+        "{source} (is `hermes run` serving its control API at {url}? see service.http_listen)"
     )]
     Unreachable {
         url: String,
@@ -41,30 +41,27 @@ pub enum CtlError {
     Usage(String),
 }
 
-/// A duration as operators write it: `90s`, `30m`, `2h`, `1d`, or seconds.
+/// A duration as operators write it, with its unit: `90s`, `30m`, `2h`,
+/// `1d`, `1h 30m`. A bare number is refused: `--for 30` could mean seconds
+/// or minutes, and a pin that lapses 59 minutes early is an incident.
 pub fn parse_duration_s(text: &str) -> Result<u64, CtlError> {
     let t = text.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = num.parse().map_err(|_| {
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        return Err(CtlError::Usage(format!(
+            "`{text}` needs a unit: {t}s, {t}m, {t}h or {t}d"
+        )));
+    }
+    let d = humantime::parse_duration(t).map_err(|e| {
         CtlError::Usage(format!(
-            "`{text}` is not a duration (e.g. 90s, 30m, 2h, 1d)"
+            "`{text}` is not a duration (e.g. 90s, 30m, 2h, 1d): {e}"
         ))
     })?;
-    let scale = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => {
-            return Err(CtlError::Usage(format!(
-                "`{text}`: the unit must be s, m, h or d"
-            )))
-        }
-    };
-    if n == 0 {
-        return Err(CtlError::Usage("a duration must be positive".into()));
+    if d.as_secs() == 0 {
+        return Err(CtlError::Usage(
+            "a duration must be at least a second".into(),
+        ));
     }
-    Ok(n.saturating_mul(scale))
+    Ok(d.as_secs())
 }
 
 impl Client {
@@ -237,11 +234,17 @@ mod tests {
     #[test]
     fn durations_read_as_operators_write_them() {
         assert_eq!(parse_duration_s("30m").unwrap(), 1_800);
-        assert_eq!(parse_duration_s("90").unwrap(), 90);
+        assert_eq!(parse_duration_s("90s").unwrap(), 90);
+        assert_eq!(parse_duration_s("1h 30m").unwrap(), 5_400);
+        let bare = parse_duration_s("30").unwrap_err().to_string();
+        assert!(
+            bare.contains("needs a unit") && bare.contains("30m"),
+            "{bare}"
+        );
         assert_eq!(parse_duration_s("2h").unwrap(), 7_200);
         assert_eq!(parse_duration_s("1d").unwrap(), 86_400);
         assert!(parse_duration_s("0s").is_err());
-        assert!(parse_duration_s("5w").is_err());
+        assert!(parse_duration_s("5x").is_err());
         assert!(parse_duration_s("soon").is_err());
     }
 

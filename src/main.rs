@@ -29,20 +29,26 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum CtlAction {
     /// Pin a channel: drain it, hold a weight, or force it healthy.
+    #[command(group(
+        clap::ArgGroup::new("how")
+            .required(true)
+            .args(["drain", "weight", "healthy"])
+    ))]
     Pin {
         channel: String,
         /// Weight 0 whatever its health.
-        #[arg(long, group = "pin_kind", required = true)]
+        #[arg(long)]
         drain: bool,
         /// Hold this health weight factor (0..1).
-        #[arg(long, group = "pin_kind", required = true)]
+        #[arg(long, allow_negative_numbers = true)]
         weight: Option<f64>,
         /// Full weight whatever its health.
-        #[arg(long, group = "pin_kind", required = true)]
+        #[arg(long)]
         healthy: bool,
-        /// Lapse after this long (90s, 30m, 2h, 1d); default: until cleared.
-        #[arg(long = "for")]
-        for_: Option<String>,
+        /// Lapse after this long (90s, 30m, 2h, 1d; a unit is required);
+        /// default: until cleared.
+        #[arg(long = "for", value_parser = duration_s)]
+        for_: Option<u64>,
         /// Why (goes into the OVERRIDE alert).
         #[arg(long)]
         reason: String,
@@ -56,8 +62,9 @@ enum CtlAction {
     /// Freeze a group's weights as published (manual mode).
     Freeze {
         group: String,
-        #[arg(long = "for")]
-        for_: Option<String>,
+        /// Lapse after this long (90s, 30m, 2h, 1d); default: until cleared.
+        #[arg(long = "for", value_parser = duration_s)]
+        for_: Option<u64>,
         #[arg(long)]
         reason: String,
     },
@@ -140,13 +147,27 @@ enum Command {
     /// naming the actor and the reason.
     Ctl {
         /// An instance's HTTP endpoint (its `service.http_listen`).
-        #[arg(long, default_value = "http://127.0.0.1:9464", env = "HERMES_URL")]
+        #[arg(
+            long,
+            global = true,
+            default_value = "http://127.0.0.1:9464",
+            env = "HERMES_URL"
+        )]
         url: String,
         /// The control token (`service.control_token`).
-        #[arg(long, env = "HERMES_CONTROL_TOKEN", hide_env_values = true)]
+        #[arg(
+            long,
+            global = true,
+            env = "HERMES_CONTROL_TOKEN",
+            hide_env_values = true
+        )]
         token: Option<String>,
+        /// A file holding the control token (its first line), so the token
+        /// is neither on the command line nor in the environment.
+        #[arg(long, global = true, conflicts_with = "token")]
+        token_file: Option<PathBuf>,
         /// Who is asking (goes into the OVERRIDE alert; default: $USER).
-        #[arg(long)]
+        #[arg(long, global = true)]
         actor: Option<String>,
         #[command(subcommand)]
         action: CtlAction,
@@ -345,25 +366,35 @@ fn simulate(
 ) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(scenario)
         .with_context(|| format!("reading {}", scenario.display()))?;
-    let sc = match Scenario::from_toml(&text) {
-        Ok(sc) => sc,
-        Err(e) => bail!("{}: {e}", scenario.display()),
-    };
-    let overrides = match config {
+    let sc = Scenario::from_toml(&text)
+        .map_err(|e| bad_input(format!("{}: {e}", scenario.display())))?;
+    let user_text = match config {
         Some(p) => {
-            let t =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            Some(
-                t.parse::<toml::Table>()
-                    .with_context(|| format!("{} is not valid TOML", p.display()))?,
-            )
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
         }
         None => None,
     };
+    let overrides = match (&user_text, config) {
+        (Some(t), Some(p)) => Some(
+            t.parse::<toml::Table>()
+                .map_err(|e| bad_input(format!("{}: not valid TOML: {e}", p.display())))?,
+        ),
+        _ => None,
+    };
     let cfg_text = sc
         .hermes_config_text(overrides.as_ref())
-        .map_err(anyhow::Error::msg)?;
-    let cfg = Config::from_toml(&cfg_text).map_err(|e| anyhow::anyhow!("scenario config: {e}"))?;
+        .map_err(bad_input)?;
+    // Problems are reported against the file the user wrote: the --config
+    // file, or the scenario's own [config] table.
+    let cfg = Config::from_toml(&cfg_text).map_err(|e| match (config, &user_text) {
+        (Some(p), Some(t)) => anyhow::Error::new(e.relocated(t, "")).context(format!(
+            "{} over {}'s channels",
+            p.display(),
+            scenario.display()
+        )),
+        _ => anyhow::Error::new(e.relocated(&text, "config."))
+            .context(format!("{}'s [config]", scenario.display())),
+    })?;
     if let Some(p) = write_config {
         std::fs::write(p, &cfg_text).with_context(|| format!("writing {}", p.display()))?;
     }
@@ -506,14 +537,13 @@ fn ctl(
     actor: Option<String>,
     action: &CtlAction,
 ) -> anyhow::Result<ExitCode> {
-    use hermes::ctl::{parse_duration_s, render_list, Client};
+    use hermes::ctl::{render_list, Client};
     use hermes::service::overrides::Action;
     let actor = actor
         .or_else(|| std::env::var("USER").ok())
         .filter(|a| !a.trim().is_empty())
         .unwrap_or_else(|| "unknown".to_string());
     let client = Client::new(url, token.filter(|t| !t.is_empty()), actor);
-    let for_s = |f: &Option<String>| f.as_deref().map(parse_duration_s).transpose();
     let answer = match action {
         CtlAction::Pin {
             channel,
@@ -523,20 +553,25 @@ fn ctl(
             for_,
             reason,
         } => {
+            if let Some(w) = weight.filter(|w| !(0.0..=1.0).contains(w)) {
+                return Err(bad_input(format!(
+                    "--weight {w}: a health weight factor is within 0..1"
+                )));
+            }
             let action = match (drain, weight, healthy) {
                 (true, _, _) => Action::Drain,
                 (_, Some(w), _) => Action::Weight { weight: *w },
                 (_, _, true) => Action::Healthy,
                 _ => bail!("say how: --drain, --weight W or --healthy"),
             };
-            client.set("channels", channel, action, reason, for_s(for_)?)?
+            client.set("channels", channel, action, reason, *for_)?
         }
         CtlAction::Unpin { channel, reason } => client.clear("channels", channel, reason)?,
         CtlAction::Freeze {
             group,
             for_,
             reason,
-        } => client.set("groups", group, Action::Freeze, reason, for_s(for_)?)?,
+        } => client.set("groups", group, Action::Freeze, reason, *for_)?,
         CtlAction::Unfreeze { group, reason } => client.clear("groups", group, reason)?,
         CtlAction::List { json } => {
             let v = client.list()?;
@@ -563,13 +598,14 @@ struct ReportArgs<'a> {
 }
 
 fn report(a: ReportArgs<'_>) -> anyhow::Result<ExitCode> {
-    use hermes::channel_report::{build, parse_time_ms, read_json_lines};
+    use hermes::channel_report::{build, read_json_lines};
+    use hermes::wall_clock::parse_utc_ms;
     let to = match a.to {
-        Some(t) => parse_time_ms(t).map_err(anyhow::Error::msg)?,
+        Some(t) => parse_utc_ms(t).map_err(bad_input)?,
         None => hermes::wall_clock::now_ms(),
     };
     let from = match a.from {
-        Some(t) => parse_time_ms(t).map_err(anyhow::Error::msg)?,
+        Some(t) => parse_utc_ms(t).map_err(bad_input)?,
         None => to - 7 * 86_400_000,
     };
     if from >= to {
@@ -641,7 +677,32 @@ fn init_logs(default_level: &str, format: LogFormat) {
     }
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+/// Input a person must fix (a scenario file, a date, an argument): exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct BadInput(String);
+
+fn bad_input(msg: impl Into<String>) -> anyhow::Error {
+    BadInput(msg.into()).into()
+}
+
+/// One exit-code convention for every command: 0 done, 2 for a usage or
+/// input error (arguments, which clap reports with 2 as well; a config,
+/// scenario or date that does not hold), 1 for a failure while running (a
+/// dependency down, a file that cannot be written).
+fn exit_code(e: &anyhow::Error) -> ExitCode {
+    let input = e.chain().any(|c| {
+        c.is::<BadInput>()
+            || c.is::<hermes::config::ConfigError>()
+            || matches!(
+                c.downcast_ref::<hermes::ctl::CtlError>(),
+                Some(hermes::ctl::CtlError::Usage(_))
+            )
+    });
+    ExitCode::from(if input { 2 } else { 1 })
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     // The service logs its decisions; the interactive commands only warnings.
     let (default_level, format) = match cli.command {
@@ -650,6 +711,26 @@ fn main() -> anyhow::Result<ExitCode> {
         _ => ("warn", LogFormat::Text),
     };
     init_logs(default_level, format);
+    match dispatch(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // The error and its causes, each said once (an HTTP error names
+            // its URL again in every layer).
+            let mut said = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !said.contains(&c) {
+                    said.push_str(": ");
+                    said.push_str(&c);
+                }
+            }
+            eprintln!("error: {said}");
+            exit_code(&e)
+        }
+    }
+}
+
+fn dispatch(cli: &Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Run { config, .. } => run(config),
         Command::Status {
@@ -660,9 +741,24 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Ctl {
             url,
             token,
+            token_file,
             actor,
             action,
-        } => ctl(url, token.clone(), actor.clone(), action),
+        } => {
+            let token = match token_file {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| bad_input(format!("--token-file {}: {e}", p.display())))?
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .to_string(),
+                ),
+                None => token.clone(),
+            };
+            ctl(url, token, actor.clone(), action)
+        }
         Command::Gateways {
             bootstrap,
             redis,
@@ -673,7 +769,7 @@ fn main() -> anyhow::Result<ExitCode> {
             let text = std::fs::read_to_string(scenario)
                 .with_context(|| format!("reading {}", scenario.display()))?;
             let sc = Scenario::from_toml(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
+                .map_err(|e| bad_input(format!("{}: {e}", scenario.display())))?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -787,4 +883,9 @@ fn main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `--for` as clap reads it: a duration with its unit, in seconds.
+fn duration_s(text: &str) -> Result<u64, String> {
+    hermes::ctl::parse_duration_s(text).map_err(|e| e.to_string())
 }

@@ -12,23 +12,36 @@ pub fn now_ms() -> i64 {
 /// `ms` since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (UTC), for people.
 pub fn utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    match jiff::Timestamp::from_second(secs) {
+        Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        Err(_) => format!("{ms} ms"),
+    }
+}
+
+/// A date (`2026-11-24`, midnight UTC), a UTC time (`2026-11-24T08:00:00Z`)
+/// or epoch milliseconds, as milliseconds since the epoch. Impossible dates
+/// (`2026-02-31`) are refused.
+pub fn parse_utc_ms(text: &str) -> Result<i64, String> {
+    let t = text.trim();
+    if let Ok(ms) = t.parse::<i64>() {
+        return Ok(ms);
+    }
+    let bad = |e: &dyn std::fmt::Display| {
+        format!(
+            "`{text}`: a date (2026-11-24), a UTC time (2026-11-24T08:00:00Z) or epoch \
+             milliseconds ({e})"
+        )
+    };
+    if t.contains('T') {
+        let ts: jiff::Timestamp = t.parse().map_err(|e| bad(&e))?;
+        return Ok(ts.as_millisecond());
+    }
+    let date: jiff::civil::Date = t.parse().map_err(|e| bad(&e))?;
+    let ts = date
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .map_err(|e| bad(&e))?
+        .timestamp();
+    Ok(ts.as_millisecond())
 }
 
 /// A duration in ms as people read an age: `42s`, `7m05s`, `3h12m`, `2d4h`.
@@ -49,6 +62,30 @@ mod tests {
         assert_eq!(super::utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(super::utc(1_796_136_000_000), "2026-12-01T14:40:00Z");
         assert_eq!(super::utc(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(super::utc(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(
+            super::parse_utc_ms("2026-12-01").unwrap(),
+            1_796_083_200_000
+        );
+        assert_eq!(
+            super::parse_utc_ms("2026-12-01T14:40:00Z").unwrap(),
+            1_796_136_000_000
+        );
+        assert_eq!(
+            super::parse_utc_ms("1796136000000").unwrap(),
+            1_796_136_000_000
+        );
+        assert_eq!(super::parse_utc_ms("1970-01-01").unwrap(), 0);
+        let leap = super::parse_utc_ms("2024-02-29T23:59:59Z").unwrap();
+        assert_eq!(super::utc(leap), "2024-02-29T23:59:59Z");
+        for bad in [
+            "2026-02-31",
+            "2026-13-01",
+            "2026-12-01T25:00:00Z",
+            "yesterday",
+        ] {
+            assert!(super::parse_utc_ms(bad).is_err(), "{bad}");
+        }
         assert_eq!(super::age(42_000), "42s");
         assert_eq!(super::age(425_000), "7m05s");
         assert_eq!(super::age(11_520_000), "3h12m");

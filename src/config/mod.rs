@@ -160,7 +160,110 @@ impl ConfigFile {
                 ConfigError::one(key, e.message().to_string())
             })
             .and_then(Config::resolve);
-        parsed.map_err(ConfigError::with_migration_hints)
+        parsed.map_err(|e| e.with_migration_hints().with_lines(text))
+    }
+}
+
+/// Every `key = value` line of a TOML text by its full path, the way
+/// validation names keys: `engine.slice_ms`,
+/// `groups[0].channels[1].capacity_rps` (arrays of tables by index).
+fn key_lines(text: &str) -> ahash::AHashMap<String, usize> {
+    let mut lines = ahash::AHashMap::new();
+    // Per array-of-tables path: how many elements so far.
+    let mut counts: ahash::AHashMap<String, usize> = ahash::AHashMap::new();
+    let mut header = String::new();
+    fn clean(k: &str) -> Vec<&str> {
+        k.split('.').map(|p| p.trim().trim_matches('"')).collect()
+    }
+    // A dotted name with every array-of-tables prefix indexed.
+    let indexed = |parts: &[&str], counts: &ahash::AHashMap<String, usize>| {
+        let mut out = String::new();
+        let mut plain = String::new();
+        for p in parts {
+            if !plain.is_empty() {
+                plain.push('.');
+                out.push('.');
+            }
+            plain.push_str(p);
+            out.push_str(p);
+            if let Some(n) = counts.get(&plain) {
+                out.push_str(&format!("[{}]", n - 1));
+            }
+        }
+        out
+    };
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.split("]]").next()) {
+            let parts = clean(name);
+            let plain = parts.join(".");
+            *counts.entry(plain.clone()).or_insert(0) += 1;
+            // A new element starts its nested arrays afresh.
+            counts.retain(|k, _| !k.starts_with(&format!("{plain}.")));
+            header = indexed(&parts, &counts);
+        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.split(']').next()) {
+            header = indexed(&clean(name), &counts);
+        } else if let Some((k, _)) = line.split_once('=') {
+            if line.starts_with('#') {
+                continue;
+            }
+            let key = clean(k).join(".");
+            let full = if header.is_empty() {
+                key
+            } else {
+                format!("{header}.{key}")
+            };
+            lines.entry(full).or_insert(i + 1);
+        }
+    }
+    lines
+}
+
+impl ConfigError {
+    /// The same issues with the lines of another text that sets the same
+    /// keys under `prefix`: a config assembled from a user's file (the
+    /// simulator's, over a scenario's channels) is reported against the
+    /// file the user wrote, not the assembled text.
+    pub fn relocated(mut self, text: &str, prefix: &str) -> ConfigError {
+        for issue in &mut self.issues {
+            if let Some(i) = issue.key.find(" (line ") {
+                issue.key.truncate(i);
+            }
+        }
+        let lines = key_lines(text);
+        self.locate_with(|path| lines.get(&format!("{prefix}{path}")).copied())
+    }
+
+    /// Each issue that names a key but not yet a line gets the line that
+    /// sets the key, so a range error is found as fast as a parse error.
+    fn with_lines(self, text: &str) -> ConfigError {
+        let lines = key_lines(text);
+        self.locate_with(|path| lines.get(path).copied())
+    }
+
+    fn locate_with(mut self, line_of: impl Fn(&str) -> Option<usize>) -> ConfigError {
+        for issue in &mut self.issues {
+            if issue.key.contains("(line ") {
+                continue;
+            }
+            // `groups[0] (chat).channels[1] (free-a).x` names elements by
+            // index and id; the index is what the text has.
+            let mut path = String::new();
+            let mut skip = false;
+            for c in issue.key.chars() {
+                match c {
+                    '(' => skip = true,
+                    ')' => skip = false,
+                    ' ' => {}
+                    c if !skip => path.push(c),
+                    _ => {}
+                }
+            }
+            if let Some(n) = line_of(&path) {
+                issue.key = format!("{} (line {n})", issue.key);
+            }
+        }
+        self
     }
 }
 

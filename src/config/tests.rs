@@ -114,12 +114,17 @@ fn channel_override_touches_one_key() {
     );
 }
 
+/// The issues as `key: reason`, without the line each key is on
+/// (`a_range_error_names_its_line` checks those).
 fn issues(text: &str) -> Vec<String> {
     Config::from_toml(text)
         .unwrap_err()
         .issues
         .iter()
-        .map(|i| i.to_string())
+        .map(|i| {
+            let key = i.key.split(" (line ").next().unwrap_or(&i.key);
+            format!("{key}: {}", i.reason)
+        })
         .collect()
 }
 
@@ -255,4 +260,16 @@ fn a_retired_key_is_refused_with_the_way_forward() {
     // Any other unknown key keeps the parser's message (the known keys).
     let err = ConfigFile::from_toml("[service]\nwat = 1\n").unwrap_err();
     assert!(err.issues[0].reason.contains("expected one of"), "{err}");
+}
+
+#[test]
+fn a_range_error_names_its_line() {
+    let text = "[engine]\nslice_ms = -5\n\n[[groups]]\nid = \"g\"\n[[groups.channels]]\nid = \"a\"\ntier = \"free\"\ncapacity_rps = 1.0\n[[groups.channels]]\nid = \"b\"\ntier = \"paid\"\ncapacity_rps = -1.0\n[policy.states]\nat_risk_enter = 7.0\n";
+    let err = ConfigFile::from_toml(text).unwrap_err().to_string();
+    assert!(err.contains("engine.slice_ms (line 2)"), "{err}");
+    assert!(
+        err.contains("(line 13)"),
+        "the second channel's capacity: {err}"
+    );
+    assert!(err.contains("at_risk_enter (line 15)"), "{err}");
 }

@@ -47,16 +47,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Validates what `hermes run` needs beyond a valid engine config.
-pub fn check_runnable(rt: &Runtime) -> anyhow::Result<()> {
+pub fn check_runnable(rt: &Runtime) -> Result<(), crate::config::ConfigError> {
+    use crate::config::{ConfigError, ConfigIssue};
+    let mut issues = Vec::new();
     if rt.kafka.brokers.trim().is_empty() {
-        anyhow::bail!(
-            "kafka.brokers is empty: `hermes run` needs a Kafka cluster (try `hermes demo` for the embedded one)"
-        );
+        issues.push(ConfigIssue {
+            key: "kafka.brokers".into(),
+            reason: "empty: `hermes run` needs a Kafka cluster (try `hermes demo` for the \
+                     embedded one)"
+                .into(),
+        });
     }
     if rt.redis.url.trim().is_empty() {
-        anyhow::bail!("redis.url is empty: `hermes run` publishes weights to Redis");
+        issues.push(ConfigIssue {
+            key: "redis.url".into(),
+            reason: "empty: `hermes run` publishes weights to Redis".into(),
+        });
     }
-    Ok(())
+    if issues.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError { issues })
+    }
 }
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
@@ -353,7 +365,8 @@ fn spawn_loops(
 
 /// Runs the service until SIGINT/SIGTERM or a loop fails.
 pub async fn run(config_path: &Path) -> anyhow::Result<()> {
-    let file = ConfigFile::from_file(config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file =
+        ConfigFile::from_file(config_path).with_context(|| format!("{}", config_path.display()))?;
     check_runnable(&file.runtime)?;
     let mut service = Service::start(file, Store::Redis, Some(config_path.to_path_buf())).await?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
