@@ -320,10 +320,14 @@ fn check_config(file: &Path, engine_only: bool) -> anyhow::Result<ExitCode> {
                     format!("{e} (--engine-only skips the checks only `hermes run` makes)")
                 })?;
             }
-            Ok(f.policy)
+            Ok(f)
         });
     match checked {
-        Ok(cfg) => {
+        Ok(parsed) => {
+            for w in &parsed.warnings {
+                eprintln!("{}: warning: {w}", file.display());
+            }
+            let cfg = parsed.policy;
             let channels = cfg.channels().count();
             println!(
                 "{}: ok ({} route groups, {} channels)",

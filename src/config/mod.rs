@@ -138,6 +138,10 @@ pub struct Config {
 pub struct ConfigFile {
     pub policy: Config,
     pub runtime: Runtime,
+    /// Deprecated keys the file still uses, each naming its new key: the
+    /// config is accepted (`hermes check-config` prints them, `hermes run`
+    /// logs them at start and on reload).
+    pub warnings: Vec<String>,
 }
 
 impl ConfigFile {
@@ -151,17 +155,73 @@ impl ConfigFile {
 
     /// Parses and validates config text, every section.
     pub fn from_toml(text: &str) -> Result<ConfigFile, ConfigError> {
-        let parsed = toml::from_str::<RawConfig>(text)
-            .map_err(|e| {
-                let key = e
-                    .span()
-                    .map(|s| locate(text, s.start))
-                    .unwrap_or_else(|| "config".into());
-                ConfigError::one(key, e.message().to_string())
+        let (migrated, warnings) = migrate_renamed(text);
+        let parsed = match migrated {
+            // A renamed key moved to its new place: parse the moved table
+            // (the parser's own line numbers are of the text as written,
+            // which `with_lines` restores from the key paths).
+            Some(table) => table
+                .try_into::<RawConfig>()
+                .map_err(|e| ConfigError::one("config", e.message().to_string()))
+                .and_then(Config::resolve),
+            None => toml::from_str::<RawConfig>(text)
+                .map_err(|e| {
+                    let key = e
+                        .span()
+                        .map(|s| locate(text, s.start))
+                        .unwrap_or_else(|| "config".into());
+                    ConfigError::one(key, e.message().to_string())
+                })
+                .and_then(Config::resolve),
+        };
+        parsed
+            .map(|mut f| {
+                f.warnings = warnings;
+                f
             })
-            .and_then(Config::resolve);
-        parsed.map_err(|e| e.with_migration_hints().with_lines(text))
+            .map_err(|e| e.with_migration_hints().with_lines(text))
     }
+}
+
+/// Keys renamed in this release, accepted at their old place until the
+/// next one: (old section, key, new section).
+const RENAMED_KEYS: &[(&str, &str, &str)] = &[("service", "group_warmup_ms", "schedule")];
+
+/// The file's table with every renamed key moved to its new place, and a
+/// warning per key moved; `None` when nothing was renamed (the text is
+/// then parsed as written, with the parser's line numbers).
+fn migrate_renamed(text: &str) -> (Option<toml::Table>, Vec<String>) {
+    let Ok(mut table) = text.parse::<toml::Table>() else {
+        return (None, Vec::new());
+    };
+    let mut warnings = Vec::new();
+    for (old, key, new) in RENAMED_KEYS {
+        let Some(value) = table
+            .get_mut(*old)
+            .and_then(|t| t.as_table_mut())
+            .and_then(|t| t.remove(*key))
+        else {
+            continue;
+        };
+        let target = table
+            .entry(new.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(target) = target.as_table_mut() else {
+            continue;
+        };
+        if target.contains_key(*key) {
+            warnings.push(format!(
+                "{old}.{key} is deprecated and ignored: {new}.{key} is set too"
+            ));
+        } else {
+            target.insert(key.to_string(), value);
+            warnings.push(format!(
+                "{old}.{key} is deprecated: it is read as {new}.{key}; rename it (the old \
+                 name is refused from the next release)"
+            ));
+        }
+    }
+    ((!warnings.is_empty()).then_some(table), warnings)
 }
 
 /// Every `key = value` line of a TOML text by its full path, the way
@@ -271,11 +331,6 @@ impl ConfigError {
 /// for it is refused with the way forward, not only "unknown field".
 /// (section the key was in, key, what to do).
 const RETIRED_KEYS: &[(&str, &str, &str)] = &[
-    (
-        "service",
-        "group_warmup_ms",
-        "moved to `schedule.group_warmup_ms` (planning policy, which the simulator uses too)",
-    ),
     (
         "",
         "oscillation_max_changes",
@@ -410,7 +465,11 @@ impl Config {
             redis: raw.redis,
             service: raw.service,
         };
-        Ok(ConfigFile { policy, runtime })
+        Ok(ConfigFile {
+            policy,
+            runtime,
+            warnings: Vec::new(),
+        })
     }
 
     /// Every channel, in config order (groups, then channels).

@@ -107,6 +107,9 @@ async fn watch_config(
                 continue;
             }
         };
+        for w in &file.warnings {
+            tracing::warn!(path = %path.display(), "{w}");
+        }
         let held = runtime.changed_in(&file.runtime);
         if !held.is_empty() {
             tracing::warn!(
@@ -183,7 +186,11 @@ impl Service {
         let ConfigFile {
             policy: cfg,
             runtime,
+            warnings,
         } = file;
+        for w in &warnings {
+            tracing::warn!(config = ?config_path, "{w}");
+        }
         let runtime = Arc::new(runtime);
         let metrics = Arc::new(metrics::Metrics::default());
         let stop = Arc::new(AtomicBool::new(false));
