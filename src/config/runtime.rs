@@ -232,6 +232,11 @@ pub struct ServiceConfig {
     /// change; empty: changes are refused. The environment variable
     /// `HERMES_CONTROL_TOKEN` takes precedence (keep secrets out of files).
     pub control_token: String,
+    /// A file whose first line is the control token (a mounted secret), so
+    /// the token is in neither the config nor the environment. Read at
+    /// start; `HERMES_CONTROL_TOKEN` still takes precedence. Set this or
+    /// `control_token`, not both.
+    pub control_token_file: String,
     /// Every instance re-reads the operators' overrides from Redis this
     /// often: an override set through one instance reaches the owner of its
     /// channel or group within it.
@@ -248,14 +253,26 @@ pub const CONTROL_TOKEN_ENV: &str = "HERMES_CONTROL_TOKEN";
 const MIN_TOKEN_CHARS: usize = 16;
 
 impl ServiceConfig {
-    /// The control token in force: the environment's, else the file's;
-    /// `None` when neither is set (the control API refuses changes).
+    /// The control token in force: the environment's, else the token
+    /// file's first line, else the config's; `None` when none is set (the
+    /// control API refuses changes).
     pub fn control_token(&self) -> Option<String> {
         std::env::var(CONTROL_TOKEN_ENV)
             .ok()
             .filter(|t| !t.is_empty())
+            .or_else(|| {
+                (!self.control_token_file.is_empty())
+                    .then(|| read_token_file(&self.control_token_file).ok())
+                    .flatten()
+            })
             .or_else(|| Some(self.control_token.clone()).filter(|t| !t.is_empty()))
     }
+}
+
+/// A token file's first line, trimmed.
+fn read_token_file(path: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
 }
 
 impl Default for ServiceConfig {
@@ -269,6 +286,7 @@ impl Default for ServiceConfig {
             idle_advance_ms: 5_000,
             max_record_bytes: 65_536,
             control_token: String::new(),
+            control_token_file: String::new(),
             override_poll_ms: 1_000,
             override_tombstone_ms: 600_000,
         }
@@ -293,13 +311,31 @@ impl ServiceConfig {
                 "must be at least 1024 (an event with long ids needs a few hundred bytes)",
             );
         }
-        if !self.control_token.is_empty() && self.control_token.chars().count() < MIN_TOKEN_CHARS {
-            v.push(
-                "service.control_token",
-                format!(
-                    "must be at least {MIN_TOKEN_CHARS} characters (it guards pins and freezes)"
+        let short = |t: &str| !t.is_empty() && t.chars().count() < MIN_TOKEN_CHARS;
+        let too_short =
+            format!("must be at least {MIN_TOKEN_CHARS} characters (it guards pins and freezes)");
+        if short(&self.control_token) {
+            v.push("service.control_token", too_short.clone());
+        }
+        if !self.control_token_file.is_empty() {
+            if !self.control_token.is_empty() {
+                v.push(
+                    "service.control_token_file",
+                    "set this or service.control_token, not both",
+                );
+            }
+            match read_token_file(&self.control_token_file) {
+                Ok(t) if t.is_empty() => v.push(
+                    "service.control_token_file",
+                    format!("{}: the first line is empty", self.control_token_file),
                 ),
-            );
+                Ok(t) if short(&t) => v.push(
+                    "service.control_token_file",
+                    format!("{}: the token {too_short}", self.control_token_file),
+                ),
+                Ok(_) => {}
+                Err(e) => v.push("service.control_token_file", e),
+            }
         }
         if self.reload_check_ms < 0 {
             v.push("service.reload_check_ms", "must be >= 0 (0 turns it off)");

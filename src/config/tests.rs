@@ -283,3 +283,43 @@ fn a_range_error_names_its_line() {
     );
     assert!(err.contains("at_risk_enter (line 15)"), "{err}");
 }
+
+#[test]
+fn the_control_token_may_come_from_a_file() {
+    let dir = std::env::temp_dir().join(format!("hermes-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("token");
+    std::fs::write(&good, "from-a-mounted-secret-0001\nignored\n").unwrap();
+    let short = dir.join("short");
+    std::fs::write(&short, "abc\n").unwrap();
+    let with = |extra: &str| format!("{MINIMAL}\n[service]\n{extra}\n");
+    let f = ConfigFile::from_toml(&with(&format!(
+        "control_token_file = {:?}",
+        good.display().to_string()
+    )))
+    .unwrap();
+    if std::env::var_os(CONTROL_TOKEN_ENV).is_none() {
+        assert_eq!(
+            f.runtime.service.control_token().as_deref(),
+            Some("from-a-mounted-secret-0001")
+        );
+    }
+    let e = ConfigFile::from_toml(&with(&format!(
+        "control_token_file = {:?}",
+        short.display().to_string()
+    )))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("at least 16 characters"), "{e}");
+    let e = ConfigFile::from_toml(&with("control_token_file = \"/nonexistent/token\""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot read /nonexistent/token"), "{e}");
+    let e = ConfigFile::from_toml(&with(&format!(
+        "control_token = \"0123456789abcdef0\"\ncontrol_token_file = {:?}",
+        good.display().to_string()
+    )))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("not both"), "{e}");
+}
