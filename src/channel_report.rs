@@ -426,11 +426,7 @@ impl ChannelReport {
     /// One self-contained HTML page: the same tables, and a state strip
     /// per channel (inline SVG, no script, nothing fetched).
     pub fn html(&self) -> String {
-        let esc = |t: &str| {
-            t.replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-        };
+        let esc = crate::sim::report::escape_html;
         let colour = |st: &str| match st {
             "HEALTHY" => "#2e7d32",
             "AT_RISK" => "#f9a825",
@@ -558,6 +554,14 @@ mod tests {
             weight: None,
             message: "m".into(),
         }
+    }
+
+    #[test]
+    fn html_escapes_quotes_too() {
+        assert_eq!(
+            crate::sim::report::escape_html("<a title=\"x\">'&'</a>"),
+            "&lt;a title=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
     }
 
     #[test]

@@ -1337,13 +1337,6 @@ impl Engine {
             incident_since_ms: ch.machine.incident_since_ms(),
         }
     }
-
-    /// Health of every channel, in config order.
-    pub fn health_all(&self) -> Vec<ChannelHealth> {
-        (0..self.channels.len() as ChannelIdx)
-            .map(|i| self.health(i))
-            .collect()
-    }
 }
 
 #[cfg(test)]

@@ -207,11 +207,6 @@ pub struct RequestEvent<'a> {
 }
 
 impl RequestEvent<'_> {
-    /// A successful attempt (for consecutive-failure resets).
-    pub fn is_success(&self) -> bool {
-        self.error_class == ErrorClass::None
-    }
-
     /// The gateway sent this attempt (it is not a demand-only report).
     pub fn was_sent(&self) -> bool {
         self.dispatch == Dispatch::Sent

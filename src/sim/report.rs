@@ -502,14 +502,14 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
     for (j, c) in sc.channels.iter().enumerate() {
         out.push_str(&format!(
             "<h2>{} ({}, capacity {} rps)</h2>",
-            esc(&c.id),
+            escape_html(&c.id),
             c.tier.as_str(),
             c.capacity_rps
         ));
         out.push_str(&chart.svg(c, &run.channels[j].samples));
     }
     out.push_str("<h2>Report</h2><pre>");
-    out.push_str(&esc(&table(report)));
+    out.push_str(&escape_html(&table(report)));
     out.push_str("</pre></body></html>\n");
     out
 }
@@ -524,8 +524,8 @@ fn timeline_head(sc: &Scenario) -> String {
     );
     out.push_str(&format!(
         "<h1>Drill: {}</h1><p>{}</p>",
-        esc(&sc.name),
-        esc(&sc.description)
+        escape_html(&sc.name),
+        escape_html(&sc.description)
     ));
     out.push_str("<div class=\"legend\"><span style=\"color:#111\">&#9644; health weight</span><span style=\"color:#1f77b4\">&#9644; traffic share</span><span style=\"color:#d62728\">&#9644; score</span><span style=\"background:#fde2e2\">&nbsp;fault window&nbsp;</span>");
     for s in [
@@ -625,8 +625,19 @@ impl Chart {
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// Text safe inside HTML elements and quoted attributes (ids and names
+/// come from config files and the alert stream).
+pub fn escape_html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
