@@ -233,8 +233,11 @@ pub fn validate(event: &RequestEvent<'_>) -> Result<(), CodecError> {
     if event.attempt < 0 {
         return invalid("attempt", "is negative");
     }
-    if event.input_tokens < 0 || event.output_tokens < 0 {
-        return invalid("input_tokens/output_tokens", "is negative");
+    if event.input_tokens < 0 {
+        return invalid("input_tokens", "is negative");
+    }
+    if event.output_tokens < crate::event::OUTPUT_TOKENS_UNKNOWN {
+        return invalid("output_tokens", "is negative (-1 alone means not reported)");
     }
     if !event.cost.is_finite() || event.cost < 0.0 {
         return invalid("cost", "is negative or not finite");
@@ -433,6 +436,71 @@ pub(crate) mod tests {
             Dispatch::Sent,
             "an older gateway's events are attempts"
         );
+    }
+
+    /// A producer that never sends `output_tokens`: its successes are read
+    /// as "not reported", never as empty answers.
+    #[test]
+    fn a_writer_without_output_tokens_is_not_read_as_empty_answers() {
+        let fields = OLDER_WRITER.replace(
+            ",\n        {\"name\":\"output_tokens\",\"type\":\"int\"}",
+            "",
+        );
+        assert!(!fields.contains("output_tokens"));
+        let schema: Schema = fields.parse().unwrap();
+        #[derive(serde::Serialize)]
+        struct NoTokens<'a> {
+            event_id: &'a str,
+            event_time_ms: i64,
+            gateway_id: &'a str,
+            channel_id: &'a str,
+            route_group: &'a str,
+            model: &'a str,
+            traffic_class: TrafficClass,
+            attempt: i32,
+            http_status: i32,
+            error_class: ErrorClass,
+            latency_ms: i32,
+        }
+        let ok = NoTokens {
+            event_id: "ev-1",
+            event_time_ms: 1_764_000_000_000,
+            gateway_id: "gw",
+            channel_id: "paid-a",
+            route_group: "chat",
+            model: "m",
+            traffic_class: TrafficClass::Core,
+            attempt: 0,
+            http_status: 200,
+            error_class: ErrorClass::None,
+            latency_ms: 120,
+        };
+        let mut bytes = vec![0, 0, 0, 0, 4];
+        bytes.extend(
+            serde_avro_fast::to_datum_vec(
+                &ok,
+                &mut serde_avro_fast::ser::SerializerConfig::new(&schema),
+            )
+            .unwrap(),
+        );
+        let mut registry = SchemaCache::default();
+        registry.insert_json(4, &fields).unwrap();
+        let ev = Decoder::new(WireFormat::Confluent)
+            .decode(&bytes, &registry)
+            .unwrap();
+        assert_eq!(ev.output_tokens, crate::event::OUTPUT_TOKENS_UNKNOWN);
+        assert_eq!(ev.output_tokens_reported(), None);
+        assert!(!crate::window::is_bad_answer(&ev, 50), "not a short answer");
+        // A reported 0 is an empty answer; below -1 is invalid.
+        let mut empty = ev.clone();
+        empty.output_tokens = 0;
+        assert!(crate::window::is_bad_answer(&empty, 50));
+        let mut wrong = sample_event();
+        wrong.output_tokens = -2;
+        let err = Decoder::new(WireFormat::Plain)
+            .decode(&plain(&wrong), &SchemaCache::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("output_tokens"), "{err}");
     }
 
     #[test]

@@ -158,6 +158,17 @@ fn default_dispatch() -> Dispatch {
     Dispatch::Sent
 }
 
+/// `output_tokens` when the gateway did not report it: a producer whose
+/// schema has no such field, or one that could not count (a stream cut
+/// before any usage report). Unknown is not zero: a success with zero
+/// tokens is an empty answer, one with an unknown count is not judged on
+/// its length.
+pub const OUTPUT_TOKENS_UNKNOWN: i32 = -1;
+
+fn default_output_tokens() -> i32 {
+    OUTPUT_TOKENS_UNKNOWN
+}
+
 fn default_finish_reason() -> FinishReason {
     FinishReason::Unknown
 }
@@ -182,7 +193,9 @@ pub struct RequestEvent<'a> {
     pub ttfb_ms: Option<i32>,
     #[serde(default)]
     pub input_tokens: i32,
-    #[serde(default)]
+    /// Tokens received; [`OUTPUT_TOKENS_UNKNOWN`] (-1, the default) when
+    /// not reported.
+    #[serde(default = "default_output_tokens")]
     pub output_tokens: i32,
     #[serde(default = "default_finish_reason")]
     pub finish_reason: FinishReason,
@@ -207,6 +220,11 @@ pub struct RequestEvent<'a> {
 }
 
 impl RequestEvent<'_> {
+    /// The output token count, when the gateway reported one.
+    pub fn output_tokens_reported(&self) -> Option<i32> {
+        (self.output_tokens >= 0).then_some(self.output_tokens)
+    }
+
     /// The gateway sent this attempt (it is not a demand-only report).
     pub fn was_sent(&self) -> bool {
         self.dispatch == Dispatch::Sent

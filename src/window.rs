@@ -193,7 +193,9 @@ impl Counters {
                 self.schema_invalid += (!valid) as u32;
             }
             self.garbled += (ev.replacement_chars > 0) as u32;
-            self.short_outputs += (ev.output_tokens < short_output_tokens) as u32;
+            self.short_outputs += ev
+                .output_tokens_reported()
+                .is_some_and(|t| t < short_output_tokens) as u32;
             self.bad_answers += is_bad_answer(ev, short_output_tokens) as u32;
         }
     }
@@ -627,7 +629,7 @@ impl SliceRing {
             &mut s.real
         };
         c.count(ev, long, slow_request_ms, short_output_tokens);
-        let tokens = ev.input_tokens as u64 + ev.output_tokens as u64;
+        let tokens = ev.input_tokens as u64 + ev.output_tokens_reported().unwrap_or(0) as u64;
         if let Some(q) = ev.quota_remaining {
             if ev.event_time_ms >= s.quota_at_ms {
                 (s.quota_at_ms, s.quota_remaining) = (ev.event_time_ms, q);
@@ -678,7 +680,8 @@ impl SliceRing {
         [
             Some(if long { STAGE_LONG } else { STAGE_SHORT }),
             ev.ttfb_ms.map(|_| STAGE_TTFB),
-            (!ev.error_class.is_error()).then_some(STAGE_OUTPUT),
+            (!ev.error_class.is_error() && ev.output_tokens_reported().is_some())
+                .then_some(STAGE_OUTPUT),
         ]
     }
 
@@ -957,7 +960,10 @@ pub fn is_bad_answer(ev: &RequestEvent<'_>, short_output_tokens: i32) -> bool {
         && (ev.truncated
             || ev.replacement_chars > 0
             || ev.schema_valid == Some(false)
-            || !ev.is_probe && ev.output_tokens < short_output_tokens)
+            || !ev.is_probe
+                && ev
+                    .output_tokens_reported()
+                    .is_some_and(|t| t < short_output_tokens))
 }
 
 /// The last N outcomes, however far apart in time (docs/decisions.md#signals, incident 002).
