@@ -121,23 +121,70 @@ impl StatusView {
                 g.note.as_deref().unwrap_or(""),
             );
         }
-        let _ = writeln!(
-            s,
-            "\n{:<16} {:<12} {:<10} {:>5}  {:<64} {:<44} PIN",
-            "CHANNEL", "GROUP", "STATE", "SCORE", "WHY (top signals)", "WEIGHTS"
-        );
-        for c in &self.channels {
-            let _ = writeln!(
-                s,
-                "{:<16} {:<12} {:<10} {:>5}  {:<64} {:<44} {}",
-                c.channel,
-                c.group,
-                c.state,
-                c.score.map_or("-".into(), |v| format!("{v:.2}")),
-                fmt_signals(&c.signals),
-                fmt_weights(&c.weights),
-                c.pin.as_deref().unwrap_or("-"),
-            );
+        // Columns as wide as their widest cell, so a long WHY never runs
+        // into WEIGHTS.
+        let rows: Vec<[String; 6]> = self
+            .channels
+            .iter()
+            .map(|c| {
+                [
+                    c.channel.clone(),
+                    c.group.clone(),
+                    c.state.clone(),
+                    c.score.map_or("-".into(), |v| format!("{v:.2}")),
+                    fmt_signals(&c.signals),
+                    fmt_weights(&c.weights),
+                ]
+            })
+            .collect();
+        let header = [
+            "CHANNEL",
+            "GROUP",
+            "STATE",
+            "SCORE",
+            "WHY (top signals)",
+            "WEIGHTS",
+        ];
+        let width = |i: usize, min: usize| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len(), min])
+                .max()
+                .unwrap_or(min)
+        };
+        let w: Vec<usize> = [16, 12, 10, 5, 0, 0]
+            .iter()
+            .enumerate()
+            .map(|(i, min)| width(i, *min))
+            .collect();
+        let line = |cells: [&str; 6], pin: &str| {
+            format!(
+                "{:<w0$} {:<w1$} {:<w2$} {:>w3$}  {:<w4$} {:<w5$} {pin}",
+                cells[0],
+                cells[1],
+                cells[2],
+                cells[3],
+                cells[4],
+                cells[5],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3],
+                w4 = w[4],
+                w5 = w[5],
+            )
+        };
+        let _ = writeln!(s, "\n{}", line(header, "PIN"));
+        for (c, r) in self.channels.iter().zip(&rows) {
+            let cells = [
+                r[0].as_str(),
+                r[1].as_str(),
+                r[2].as_str(),
+                r[3].as_str(),
+                r[4].as_str(),
+                r[5].as_str(),
+            ];
+            let _ = writeln!(s, "{}", line(cells, c.pin.as_deref().unwrap_or("-")));
         }
         let _ = write!(s, "\n{LEGEND}");
         s
@@ -339,5 +386,38 @@ mod tests {
         assert!(text.contains("SCORE   0 healthy .. 1 failing"), "{text}");
         let json = serde_json::to_string(&view).unwrap();
         assert_eq!(serde_json::from_str::<StatusView>(&json).unwrap(), view);
+    }
+
+    #[test]
+    fn a_long_why_does_not_run_into_the_weights() {
+        let row = |id: &str, signals: Vec<(String, f64)>| ChannelRow {
+            channel: id.into(),
+            group: "chat".into(),
+            state: "DRAINED".into(),
+            score: Some(0.83),
+            signals,
+            weights: [("CORE".to_string(), 0.0), ("BATCH".to_string(), 0.0)].into(),
+            pin: None,
+        };
+        let long = vec![
+            ("bad_outcome_rate".into(), 0.51),
+            ("p99_latency_ms".into(), 0.25),
+            ("long_p99_latency_ms".into(), 0.05),
+        ];
+        let view = StatusView {
+            source: "test".into(),
+            generated_ms: 0,
+            groups: vec![],
+            channels: vec![row("free-a", long), row("paid-a", vec![])],
+        };
+        let text = view.render();
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().find(|l| l.starts_with("CHANNEL")).unwrap();
+        let at = header.find("WEIGHTS").unwrap();
+        for id in ["free-a", "paid-a"] {
+            let l = lines.iter().find(|l| l.starts_with(id)).unwrap();
+            assert_eq!(l.find("BATCH=").unwrap(), at, "{text}");
+            assert!(l[..at].ends_with("  ") || l[..at].ends_with(' '), "{text}");
+        }
     }
 }
