@@ -880,16 +880,20 @@ impl Engine {
         };
         ch.score_episode = match (voted, ch.machine.at_risk_since_ms()) {
             (true, Some(since)) => {
-                let mut episode = ch.signals.clone();
-                episode.values[SignalKind::BadOutcomeRate as usize] =
-                    Some(crate::signals::bad_outcome_rate_episode(
-                        &ch.ring,
-                        &self.cfg.engine.horizons(),
-                        &policy.signals,
-                        now,
-                        since,
-                    ));
-                Some(score(&episode, &policy.signals))
+                // The windows' signals with the failure rate swapped for the
+                // episode's, scored, then put back (no copy of the rest).
+                let k = SignalKind::BadOutcomeRate as usize;
+                let episode = crate::signals::bad_outcome_rate_episode(
+                    &ch.ring,
+                    &self.cfg.engine.horizons(),
+                    &policy.signals,
+                    now,
+                    since,
+                );
+                let windows = std::mem::replace(&mut ch.signals.values[k], Some(episode));
+                let judged = score(&ch.signals, &policy.signals);
+                ch.signals.values[k] = windows;
+                Some(judged)
             }
             _ => None,
         };

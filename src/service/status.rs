@@ -176,14 +176,7 @@ impl StatusView {
         };
         let _ = writeln!(s, "\n{}", line(header, "PIN"));
         for (c, r) in self.channels.iter().zip(&rows) {
-            let cells = [
-                r[0].as_str(),
-                r[1].as_str(),
-                r[2].as_str(),
-                r[3].as_str(),
-                r[4].as_str(),
-                r[5].as_str(),
-            ];
+            let cells = r.each_ref().map(String::as_str);
             let _ = writeln!(s, "{}", line(cells, c.pin.as_deref().unwrap_or("-")));
         }
         let _ = write!(s, "\n{LEGEND}");
