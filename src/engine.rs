@@ -890,7 +890,7 @@ impl Engine {
                     now,
                     since,
                 );
-                let windows = std::mem::replace(&mut ch.signals.values[k], Some(episode));
+                let windows = ch.signals.values[k].replace(episode);
                 let judged = score(&ch.signals, &policy.signals);
                 ch.signals.values[k] = windows;
                 Some(judged)
