@@ -41,7 +41,9 @@ pub const OVERRIDES_KEY: &str = "hermes:overrides";
 /// `written` (new version stored and announced), `heartbeat` (same version,
 /// newer heartbeat stored), `unchanged`, `stale` (refused: older than what
 /// is stored, or than the epoch a newer writer has taken, even before that
-/// writer publishes anything).
+/// writer publishes anything). A Redis that came back empty gets the
+/// writer's epoch back with its next write, so a writer older than
+/// it is fenced again from then on.
 pub const FENCED_WRITE_LUA: &str = r#"
 local epoch = tonumber(ARGV[1])
 local version = tonumber(ARGV[2])
@@ -62,12 +64,18 @@ if current then
     if epoch == e and version == v then
       local h = tonumber(doc['heartbeat_ms']) or 0
       if heartbeat > h then
+        if epoch > taken then
+          redis.call('SET', KEYS[2], epoch)
+        end
         redis.call('SET', KEYS[1], ARGV[4])
         return {'heartbeat', e, v}
       end
       return {'unchanged', e, v}
     end
   end
+end
+if epoch > taken then
+  redis.call('SET', KEYS[2], epoch)
 end
 redis.call('SET', KEYS[1], ARGV[4])
 redis.call('PUBLISH', ARGV[5], ARGV[2])

@@ -119,12 +119,13 @@ async fn a_stale_writer_is_refused_by_the_script() {
         WriteOutcome::Written
     );
 
-    // Older epoch, even with a higher version: refused.
+    // Older epoch, even with a higher version: refused (by the epoch key
+    // the newer writer's write left, before the snapshot is even read).
     assert_eq!(
         zombie.write(&snapshot(1, 9, 0.9)).await.unwrap(),
         WriteOutcome::Stale {
             stored_epoch: 2,
-            stored_version: 5
+            stored_version: 0
         }
     );
     // Same epoch, older version: refused.
@@ -305,4 +306,50 @@ async fn after_redis_loses_its_data_gateways_follow_the_next_writer() {
         );
         assert_eq!(c.status().version, Some(1));
     }
+}
+
+/// Redis comes back empty under a writer that keeps its epoch: its next
+/// write puts the epoch key back, so a writer older than it (paused through
+/// the outage) is refused again instead of writing into the empty key.
+#[tokio::test]
+async fn after_redis_loses_its_data_the_writers_next_write_restores_its_fence() {
+    let mut redis = RedisServer::start();
+    let opts = PublisherOptions {
+        max_attempts: 2,
+        backoff: Duration::from_millis(50),
+        ..PublisherOptions::default()
+    };
+    let mut zombie = RedisPublisher::new(&redis.url(), opts.clone()).unwrap();
+    let (e_old, _) = zombie.take_epoch("chat").await.unwrap();
+    let mut writer = RedisPublisher::new(&redis.url(), opts).unwrap();
+    let (e, _) = writer.take_epoch("chat").await.unwrap();
+    assert!(e > e_old);
+    writer.write(&snapshot(e, 7, 0.3)).await.unwrap();
+
+    redis.kill();
+    redis.restart(); // empty
+    let mut written = None;
+    for _ in 0..50 {
+        if let Ok(o) = writer.write(&snapshot(e, 8, 0.3)).await {
+            written = Some(o);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(written, Some(WriteOutcome::Written));
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let stored: Option<u64> = redis::cmd("GET")
+        .arg(hermes::publish::epoch_key("chat"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(stored, Some(e), "the writer's epoch is back");
+    assert_eq!(
+        zombie.write(&snapshot(e_old, 99, 0.9)).await.unwrap(),
+        WriteOutcome::Stale {
+            stored_epoch: e,
+            stored_version: 0
+        }
+    );
 }

@@ -166,7 +166,7 @@ impl Gateway {
                     std::thread::sleep(rest);
                 }
             }
-            let _ = producer.flush(Duration::from_secs(5));
+            let _ = producer.flush(Duration::from_secs(30));
         });
         Gateway {
             behavior,
@@ -181,12 +181,19 @@ impl Gateway {
     }
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
+impl Gateway {
+    /// Stops sending and flushes what the producer still holds.
+    fn stop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -1798,5 +1805,419 @@ rps = 30
     );
     let _ = gw.kill();
     let _ = gw.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The counters an event ends in, once each: applied, too late, duplicate
+/// (an id seen before) or dead-lettered.
+fn accounted(h: &Hermes) -> (f64, f64, f64, f64) {
+    let m = |s: &str| h.metric(s).unwrap_or(0.0);
+    (
+        m("hermes_events_applied_total"),
+        m("hermes_events_too_late_total"),
+        m("hermes_events_duplicate_total"),
+        m("hermes_dead_letters_total"),
+    )
+}
+
+/// Waits until every event the gateway sent is applied (nothing lost, none
+/// too late) and returns the counters; fails naming them if not within
+/// `limit`.
+fn wait_all_applied(h: &Hermes, sent: u64, limit: Duration) -> (f64, f64, f64, f64) {
+    let t0 = Instant::now();
+    loop {
+        let c = accounted(h);
+        if c.0 >= sent as f64 || t0.elapsed() > limit {
+            assert_eq!(
+                (c.0, c.1, c.3),
+                (sent as f64, 0.0, 0.0),
+                "sent {sent}: (applied, too late, dead-lettered); duplicates {}\n{}",
+                c.2,
+                h.log_tail()
+            );
+            return c;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// docs/operating.md#tested-against-a-real-broker-and-redis: the broker is SIGKILLed mid-stream
+/// and comes back 15 s later on its data. While it is away `/readyz` says
+/// so and event time does not move on (the gateways queue their events);
+/// once it is back every event is applied exactly once, none too late, and
+/// a drain still reaches Redis.
+#[test]
+fn a_broker_restarted_mid_stream_loses_nothing_and_weights_keep_flowing() {
+    let _serial = serial();
+    let mut kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let mut hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
+    let log = SnapshotLog::start(&redis.url());
+    let mut gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(60), || {
+            hermes.get("/readyz").as_deref() == Some("ready\n")
+        }))
+    );
+
+    kafka.stop();
+    let down = Instant::now();
+    let mut why = None;
+    while why.is_none() && down.elapsed() < Duration::from_secs(15) {
+        why = hermes
+            .get("/readyz")
+            .filter(|b| b.starts_with("not ready") && b.contains("kafka"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let noticed = down.elapsed();
+    let why = why.unwrap_or_else(|| {
+        panic!(
+            "readiness did not name the broker: {:?}\n{}",
+            hermes.get("/readyz"),
+            hermes.log_tail()
+        )
+    });
+    std::thread::sleep(Duration::from_secs(15).saturating_sub(down.elapsed()));
+    assert!(hermes.child.try_wait().unwrap().is_none(), "hermes exited");
+    let sent_while_down = gw.sent.load(Ordering::Relaxed);
+
+    kafka.resume();
+    let up = Instant::now();
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(90), || {
+            hermes.get("/readyz").as_deref() == Some("ready\n")
+        })),
+        "not ready after the broker returned: {:?}\n{}",
+        hermes.get("/readyz"),
+        hermes.log_tail()
+    );
+    let ready_after = up.elapsed();
+
+    gw.set("free-a", FAILING);
+    let drained = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a drained after the broker returned",
+        |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
+    );
+    gw.stop();
+    let sent = gw.sent.load(Ordering::Relaxed);
+    let (applied, late, dup, dead) = wait_all_applied(&hermes, sent, Duration::from_secs(90));
+    assert_no_regression(&log.all());
+    eprintln!(
+        "broker down 15 s: readiness said so after {noticed:?} ({}); ready {ready_after:?} after it returned; \
+         free-a drained {drained:?} after failing; sent {sent} ({sent_while_down} by the outage's end), \
+         applied {applied}, too late {late}, duplicates {dup}, dead-lettered {dead}",
+        why.trim().replace('\n', " | ")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// docs/operating.md#tested-against-a-real-broker-and-redis: Redis restarts twice under a
+/// running Hermes: first with its append-only file (the epoch and the last
+/// weights are still there), then with nothing (Hermes writes its epoch and
+/// the whole snapshot again). A gateway reading throughout never sees a
+/// snapshot older than one it saw, and the drained channel stays drained.
+#[test]
+fn redis_restarted_with_its_data_or_empty_brings_back_epoch_and_weights() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let mut redis = RedisServer::start_persistent();
+    let dir = dir();
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 120_000);
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED",
+    );
+    gw.set("free-a", HEALTHY);
+    let before = log.latest().unwrap();
+    let epoch_of = |r: &RedisServer| -> Option<u64> {
+        let c = redis::Client::open(r.url()).ok()?;
+        let mut c = c.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+        redis::cmd("GET")
+            .arg(hermes::publish::epoch_key("chat"))
+            .query::<Option<u64>>(&mut c)
+            .ok()?
+    };
+    let epoch = epoch_of(&redis).expect("an epoch in Redis");
+
+    for (how, wipe) in [("with its AOF", false), ("empty", true)] {
+        redis.kill();
+        if wipe {
+            redis.wipe();
+        }
+        std::thread::sleep(Duration::from_secs(5));
+        let down_ms = wall_ms();
+        redis.restart();
+        let up = Instant::now();
+        let fresh = wait_for(
+            &log,
+            &[&hermes],
+            Duration::from_secs(30),
+            "a snapshot written after Redis returned",
+            |s| s.heartbeat_ms > down_ms,
+        );
+        let now = log.latest().unwrap();
+        assert_eq!(free_state(&now), "DRAINED", "after a restart {how}");
+        assert_eq!(now.epoch, before.epoch, "the same writer, the same epoch");
+        assert_eq!(
+            epoch_of(&redis),
+            Some(epoch),
+            "the epoch key is back after a restart {how}"
+        );
+        eprintln!(
+            "Redis restarted {how}: fresh snapshot v{}.{} {fresh:?} after it returned ({:?} since restart)",
+            now.epoch,
+            now.version,
+            up.elapsed()
+        );
+    }
+    let all = log.all();
+    assert_no_regression(&all);
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// docs/operating.md#tested-against-a-real-broker-and-redis: a member instance is SIGSTOPped
+/// past the session timeout while it owns the drained channel. The other
+/// takes its partitions over (and the group's writing, with a newer epoch
+/// when it was the writer); when the paused one is SIGCONTed, whatever it
+/// had in flight is fenced, it rejoins, and it raises no alert for channels
+/// it no longer owns.
+#[test]
+fn a_paused_instance_is_fenced_on_resume_and_raises_no_stale_alert() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let a = start_hermes(&kafka, &redis, &dir, "a", 120_000);
+    let t0 = Instant::now();
+    while assigned(&a).len() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", a.log_tail());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // `a` leads the group (see the SIGKILL test on tansu's leaders); `b`,
+    // a plain member, is the one paused.
+    let b = start_hermes(&kafka, &redis, &dir, "b", 120_000);
+    let pb = loop {
+        let (x, y) = (assigned(&a), assigned(&b));
+        if !y.is_empty() && x.len() + y.len() == 3 && x.iter().all(|p| !y.contains(p)) {
+            break y;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no split ({x:?} / {y:?})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let pa = assigned(&a);
+    let mapping: Mapping = vec![
+        ("free-a", pb[0]),
+        ("paid-a", pa[0]),
+        ("paid-b", *pb.get(1).unwrap_or(&pa[0])),
+    ];
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start_with(&kafka.bootstrap(), 40, mapping);
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&a, &b],
+        Duration::from_secs(90),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED",
+    );
+    gw.set("free-a", HEALTHY);
+    while owns(&b, "free-a") != Ok(Some("DRAINED".into())) {
+        assert!(t0.elapsed() < Duration::from_secs(240), "b owns free-a");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let b_pid = b.child.id().to_string();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &b_pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    let paused_ms = wall_ms();
+    let paused = Instant::now();
+    while owns(&a, "free-a") != Ok(Some("DRAINED".into())) {
+        assert!(
+            paused.elapsed() < Duration::from_secs(90),
+            "no takeover of the paused instance's partitions:\n{}",
+            a.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took_over = paused.elapsed();
+    // Well past the 6 s session timeout, and past a heartbeat of its own.
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(paused.elapsed()));
+    signal("-CONT");
+    let resumed_ms = wall_ms();
+    let resumed = Instant::now();
+    let rejoined = loop {
+        let (x, y) = (assigned(&a), assigned(&b));
+        if !y.is_empty() && x.len() + y.len() == 3 && x.iter().all(|p| !y.contains(p)) {
+            break resumed.elapsed();
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(120),
+            "b did not rejoin ({x:?} / {y:?}):\n{}",
+            b.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_secs(10));
+    let all = log.all();
+    assert_no_regression(&all);
+    for s in all.iter().filter(|s| s.heartbeat_ms > paused_ms) {
+        assert_eq!(free_state(s), "DRAINED", "v{}.{}", s.epoch, s.version);
+    }
+    // The alerts on the topic, in order: free-a's transitions form one
+    // chain (each starts where the previous one ended; a paused owner
+    // speaking again for a channel it lost would break it or repeat a
+    // step), and no alert is there twice.
+    let alerts: Vec<(i64, AlertEvent)> = read_topic(&kafka.bootstrap(), "hermes.alerts", 1)
+        .iter()
+        .filter_map(|m| {
+            let at = m.timestamp().to_millis().unwrap_or(0);
+            Some((at, AlertEvent::from_record(m.payload()?).ok()?))
+        })
+        .collect();
+    let chain: Vec<(&str, &str, i64)> = alerts
+        .iter()
+        .filter(|(_, a)| {
+            a.kind == AlertKind::Transition && a.channel_id.as_deref() == Some("free-a")
+        })
+        .map(|(at, a)| {
+            (
+                a.from_state.as_deref().unwrap_or(""),
+                a.to_state.as_deref().unwrap_or(""),
+                *at,
+            )
+        })
+        .collect();
+    for w in chain.windows(2) {
+        assert_eq!(w[0].1, w[1].0, "free-a's transitions break: {chain:?}");
+    }
+    let mut ids: Vec<&str> = alerts.iter().map(|(_, a)| a.alert_id.as_str()).collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "an alert twice on the topic");
+    let after_resume = alerts.iter().filter(|(at, _)| *at > resumed_ms).count();
+    let refused = b
+        .metric("hermes_snapshots_refused_stale_total")
+        .unwrap_or(0.0);
+    // When the paused instance wrote the group, the taker bumped the epoch:
+    // every snapshot written since the pause is from a newer writer, and the
+    // paused one's late writes could only be refused.
+    let b_wrote = pb.contains(&hermes::board::writer_partition("chat", 3));
+    if b_wrote {
+        let before = all
+            .iter()
+            .filter(|s| s.heartbeat_ms < paused_ms)
+            .map(|s| s.epoch)
+            .max();
+        let after = all
+            .iter()
+            .filter(|s| s.heartbeat_ms > paused_ms + 7_000)
+            .map(|s| s.epoch)
+            .min();
+        assert!(
+            after > before,
+            "a newer epoch after the takeover: {before:?} -> {after:?}"
+        );
+    }
+    eprintln!(
+        "paused b: a took free-a over in {took_over:?}; b rejoined {rejoined:?} after SIGCONT; \
+         {} snapshots seen, {} alerts on the topic ({after_resume} after the resume), \
+         free-a's transitions {chain:?}; b wrote the group: {b_wrote}, its writes refused as stale: {refused}",
+        all.len(),
+        alerts.len()
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// docs/operating.md#tested-against-a-real-broker-and-redis: Hermes and a gateway's weight client
+/// reach Redis over `rediss://` as an ACL user allowed only Hermes' keys and
+/// the commands it uses (the default user is off); the test makes its own
+/// self-signed certificate and trusts it through `SSL_CERT_FILE`.
+#[test]
+fn weights_flow_over_tls_to_a_redis_acl_user() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let (redis, ca) = RedisServer::start_tls(&[
+        "user default off",
+        "user hermes on >hermes-secret ~hermes:* &hermes:* -@all +@read +@write +@scripting +@connection +publish +subscribe +scan",
+    ]);
+    let url = format!("rediss://hermes:hermes-secret@127.0.0.1:{}/", redis.port);
+    let dir = dir();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &url, port, 5000);
+    let ca = ca.display().to_string();
+    let hermes = Hermes::start_env(&dir, "tls", &cfg, port, &[("SSL_CERT_FILE", &ca)]);
+    std::env::set_var("SSL_CERT_FILE", &ca);
+    let log = SnapshotLog::start(&url);
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot over TLS",
+        |s| free_weight(s) > 0.0,
+    );
+    gw.set("free-a", FAILING);
+    let drained = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a drained over TLS",
+        |s| free_state(s) == "DRAINED",
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let client =
+        hermes::client::WeightClient::start(&url, "chat", Default::default()).expect("client");
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(10), || {
+            client.table().is_some()
+        })),
+        "the weight client reads over TLS: {:?}",
+        client.status()
+    );
+    let plain = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port))
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+    assert!(plain.is_err(), "plain TCP must not be served: {plain:?}");
+    assert_eq!(
+        hermes
+            .metric("hermes_snapshot_failures_total")
+            .unwrap_or(0.0),
+        0.0,
+        "no write was refused by the ACL:\n{}",
+        hermes.log_tail()
+    );
+    eprintln!("over rediss:// as an ACL user: free-a drained {drained:?} after failing");
+    drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -114,11 +114,23 @@ impl ClientContext for RequestContext {
         if let Some(t) = stats.topics.get(&self.topic) {
             let now = Instant::now();
             let mut shared = lock(&self.shared);
+            // A high watermark is news only while its leader is connected:
+            // librdkafka keeps reporting the last one it heard through an
+            // outage, and taking that as "nothing past what was read" would
+            // let the idle advance run on a partition whose gateways are
+            // queueing events for the broker's return (they would then be
+            // too late and dropped).
+            let leader_up = |leader: i32| {
+                stats
+                    .brokers
+                    .values()
+                    .any(|b| b.nodeid == leader && b.state == "UP")
+            };
             for (p, part) in &t.partitions {
                 if *p >= 0 && part.consumer_lag >= 0 {
                     self.metrics.set_lag(*p, part.consumer_lag);
                 }
-                if *p >= 0 && part.hi_offset >= 0 {
+                if *p >= 0 && part.hi_offset >= 0 && leader_up(part.leader) {
                     shared.high_watermarks.insert(*p, (part.hi_offset, now));
                 }
             }

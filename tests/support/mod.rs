@@ -46,13 +46,101 @@ pub fn free_port() -> u16 {
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    /// Its working directory (the AOF lives here when persistent).
+    pub dir: std::path::PathBuf,
+    /// Extra arguments (persistence, TLS, ACL) kept across restarts.
+    args: Vec<String>,
+    /// Served over TLS only: readiness is a TCP connect, not a PING.
+    tls: bool,
 }
 
 impl RedisServer {
+    /// No persistence: a restart comes back empty.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&["--save", "", "--appendonly", "no"], false)
+    }
+
+    /// With an append-only file (fsync every write): a restart comes back
+    /// with its data, as a production Redis configured for it does.
+    pub fn start_persistent() -> RedisServer {
+        RedisServer::start_with(
+            &[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+            false,
+        )
+    }
+
+    /// TLS only (no plain port) with a self-signed certificate made here
+    /// by `openssl`, and `users` as ACL rules (`user NAME on >PASS ...`).
+    /// Returns the server and the certificate's path (the CA to trust).
+    pub fn start_tls(users: &[&str]) -> (RedisServer, std::path::PathBuf) {
+        let dir = redis_dir();
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let out = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl (a self-signed certificate for the TLS test)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let acl = dir.join("users.acl");
+        std::fs::write(&acl, users.join("\n") + "\n").expect("acl file");
+        let port = free_port();
+        let mut args: Vec<String> = ["--port", "0", "--save", "", "--appendonly", "no"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--tls-port".into(), port.to_string()]);
+        for (flag, path) in [
+            ("--tls-cert-file", &cert),
+            ("--tls-key-file", &key),
+            ("--tls-ca-cert-file", &cert),
+            ("--aclfile", &acl),
+        ] {
+            args.extend([flag.to_string(), path.display().to_string()]);
+        }
+        args.extend(["--tls-auth-clients".into(), "no".into()]);
         let mut s = RedisServer {
-            port: free_port(),
+            port,
             child: None,
+            dir,
+            args,
+            tls: true,
+        };
+        s.restart();
+        (s, cert)
+    }
+
+    fn start_with(args: &[&str], tls: bool) -> RedisServer {
+        let port = free_port();
+        let mut all: Vec<String> = vec!["--port".into(), port.to_string()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let mut s = RedisServer {
+            port,
+            child: None,
+            dir: redis_dir(),
+            args: all,
+            tls,
         };
         s.restart();
         s
@@ -62,19 +150,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// Starts (again) on the same port, with no persistence.
+    /// Starts (again) on the same port and directory: with its data when
+    /// persistent, empty otherwise.
     pub fn restart(&mut self) {
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(&self.args)
+            .args(["--bind", "127.0.0.1", "--dir"])
+            .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -85,6 +167,9 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                if self.tls {
+                    return;
+                }
                 use std::io::{Read, Write};
                 let _ = c.set_read_timeout(Some(Duration::from_millis(500)));
                 if c.write_all(b"PING\r\n").is_ok() {
@@ -110,11 +195,35 @@ impl RedisServer {
             let _ = c.wait();
         }
     }
+
+    /// Removes the data a persistent server would come back with.
+    pub fn wipe(&self) {
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with("appendonly") {
+                let _ = std::fs::remove_dir_all(e.path());
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn redis_dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "hermes-redis-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("redis dir");
+    d
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -150,7 +259,7 @@ pub fn tansu_bin() -> std::path::PathBuf {
 pub struct Tansu {
     pub port: u16,
     pub dir: std::path::PathBuf,
-    child: Child,
+    child: Option<Child>,
 }
 
 impl Tansu {
@@ -165,38 +274,13 @@ impl Tansu {
         let dir = std::env::temp_dir().join(format!("hermes-tansu-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut t = Tansu {
+            port,
+            dir,
+            child: None,
+        };
+        t.resume();
         let url = format!("tcp://127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.join("broker.log")).expect("broker log");
-        let child = Command::new(tansu_bin())
-            .current_dir(&dir)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "sqlite://tansu.db",
-            ])
-            // Warnings only: at `info` tansu traces every span of every
-            // request (a gigabyte of log per service test, and a busy core
-            // spent writing it). HERMES_TEST_TANSU_LOG=info brings it back.
-            .env(
-                "RUST_LOG",
-                std::env::var("HERMES_TEST_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(log.try_clone().expect("broker log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("tansu could not start ({e}); `bash .ci/run` installs it (cargo install tansu --locked --features libsql)")
-            });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let t = Tansu { port, dir, child };
         for (name, partitions) in topics {
             let out = Command::new(tansu_bin())
                 .args([
@@ -222,12 +306,65 @@ impl Tansu {
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// SIGKILL, as a crashed or restarted broker host; the SQLite file
+    /// stays for [`Tansu::resume`].
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the broker (again) on its port and data; returns once it
+    /// listens.
+    pub fn resume(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("broker.log"))
+            .expect("broker log");
+        let child = Command::new(tansu_bin())
+            .current_dir(&self.dir)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "sqlite://tansu.db",
+            ])
+            // Warnings only: at `info` tansu traces every span of every
+            // request (a gigabyte of log per service test, and a busy core
+            // spent writing it). HERMES_TEST_TANSU_LOG=info brings it back.
+            .env(
+                "RUST_LOG",
+                std::env::var("HERMES_TEST_TANSU_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(log.try_clone().expect("broker log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("tansu could not start ({e}); `bash .ci/run` installs it (cargo install tansu --locked --features libsql)")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Tansu {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         if std::thread::panicking() {
             // The log, not the data: a loaded broker's SQLite file runs to
             // gigabytes.
@@ -254,6 +391,17 @@ pub struct Hermes {
 impl Hermes {
     /// Starts `hermes run` with `config` written to `dir/name.toml`.
     pub fn start(dir: &std::path::Path, name: &str, config: &str, http_port: u16) -> Hermes {
+        Hermes::start_env(dir, name, config, http_port, &[])
+    }
+
+    /// [`Hermes::start`] with extra environment variables.
+    pub fn start_env(
+        dir: &std::path::Path,
+        name: &str,
+        config: &str,
+        http_port: u16,
+        env: &[(&str, &str)],
+    ) -> Hermes {
         let path = dir.join(format!("{name}.toml"));
         std::fs::write(&path, config).expect("write config");
         let log = dir.join(format!("{name}.log"));
@@ -264,6 +412,7 @@ impl Hermes {
                 "RUST_LOG",
                 std::env::var("HERMES_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("hermes log"))
             .spawn()
