@@ -323,3 +323,10 @@ fn the_control_token_may_come_from_a_file() {
     .to_string();
     assert!(e.contains("not both"), "{e}");
 }
+
+#[test]
+fn the_http_listener_is_on_loopback_unless_configured() {
+    let f = ConfigFile::from_toml(MINIMAL).unwrap();
+    let addr: std::net::SocketAddr = f.runtime.service.http_listen.parse().unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+}
