@@ -354,7 +354,7 @@ fn cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
 }
 
 /// Resident set size in bytes (Linux).
-fn rss_bytes() -> Option<u64> {
+pub fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)

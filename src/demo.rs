@@ -59,6 +59,11 @@ pub struct DemoOptions {
         crate::service::overrides::Target,
         crate::service::overrides::Request,
     )>,
+    /// Run on this config file instead of the scenario's, and reload it
+    /// when it changes (`service.reload_check_ms`), as `hermes run` does:
+    /// the soak benchmark edits it while the service runs. Its `[kafka]`
+    /// brokers and topics are replaced by the mock cluster's.
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 /// What a demo run did, for its caller and tests.
@@ -83,6 +88,9 @@ pub struct DemoSummary {
     pub overrides_read_back: Vec<(String, String, String)>,
     /// Records read back from the dead-letter topic with a `reason` header.
     pub dead_letters_read_back: u64,
+    /// Alerts read back by kind, and those that page.
+    pub alert_kinds_read_back: BTreeMap<String, u64>,
+    pub pages_read_back: u64,
 }
 
 /// Reads a topic from the start until `expected` records or the timeout.
@@ -358,8 +366,15 @@ fn status_table(
 /// Runs the demo; returns what happened.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     let sc = Arc::new(opts.scenario.clone());
-    let cfg_text = sc.hermes_config_text(None).map_err(|e| anyhow!(e))?;
-    let mut file = ConfigFile::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?;
+    let mut file = match &opts.config_path {
+        Some(path) => {
+            ConfigFile::from_file(path).map_err(|e| anyhow!("{}: {e}", path.display()))?
+        }
+        None => {
+            let cfg_text = sc.hermes_config_text(None).map_err(|e| anyhow!(e))?;
+            ConfigFile::from_toml(&cfg_text).map_err(|e| anyhow!("demo config: {e}"))?
+        }
+    };
     let mock = MockCluster::new(1).context("starting the in-process Kafka mock cluster")?;
     let rt = &mut file.runtime;
     for (topic, partitions) in [
@@ -374,13 +389,15 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     rt.kafka.brokers = bootstrap.clone();
     rt.kafka.session_timeout_ms = 6_000;
     rt.service.http_listen = opts.http_listen.clone().unwrap_or_default();
-    rt.service.reload_check_ms = 0;
+    if opts.config_path.is_none() {
+        rt.service.reload_check_ms = 0;
+    }
     if let Some(url) = &opts.redis_url {
         rt.redis.url = url.clone();
     }
     let topics = rt.kafka.clone();
     let (store, weights) = weight_source(&file.policy, opts.redis_url.as_deref())?;
-    let service = Service::start(file, store, None).await?;
+    let service = Service::start(file, store, opts.config_path.clone()).await?;
     if let (Some(tx), Some(addr)) = (&opts.http_bound, service.http_addr) {
         let _ = tx.send(addr);
     }
@@ -574,6 +591,11 @@ async fn read_outputs(
     for msg in read_back(bootstrap, &topics.alert_topic, summary.alerts_produced).await? {
         if let Some(a) = msg.payload().and_then(|p| AlertEvent::from_record(p).ok()) {
             summary.alerts_read_back += 1;
+            summary.pages_read_back += a.pages() as u64;
+            *summary
+                .alert_kinds_read_back
+                .entry(a.kind.as_str().to_string())
+                .or_default() += 1;
             if a.kind == crate::alert::AlertKind::Override {
                 let who = a
                     .channel_id

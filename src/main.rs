@@ -483,6 +483,7 @@ fn demo(
         http_listen: http,
         http_bound: None,
         commands: Vec::new(),
+        config_path: None,
     }))?;
     println!(
         "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}\nfinal states: {:?}",

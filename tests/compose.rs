@@ -123,10 +123,10 @@ fn the_compose_file_is_valid_and_runs_the_whole_loop() {
 
     // The gateways' scenario drives channels the Hermes config knows.
     let cfg = hermes::config::ConfigFile::from_toml(
-        &std::fs::read_to_string(root().join("compose/hermes.toml")).unwrap(),
+        &std::fs::read_to_string(root().join("compose/config/hermes.toml")).unwrap(),
     )
     .unwrap();
-    hermes::service::check_runnable(&cfg.runtime).expect("compose/hermes.toml is runnable");
+    hermes::service::check_runnable(&cfg.runtime).expect("compose/config/hermes.toml is runnable");
     assert!(
         cfg.runtime.kafka.frames_alerts(),
         "alerts registry-framed in the stack"
@@ -146,7 +146,7 @@ fn the_compose_file_is_valid_and_runs_the_whole_loop() {
     for c in &sc.channels {
         assert!(
             group.channels.iter().any(|x| x.id == c.id),
-            "{} in compose/hermes.toml",
+            "{} in compose/config/hermes.toml",
             c.id
         );
     }

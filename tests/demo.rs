@@ -56,6 +56,7 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
         http_listen: None,
         http_bound: None,
         commands: Vec::new(),
+        config_path: None,
     })
     .await
     .unwrap();
@@ -128,6 +129,7 @@ async fn operator_overrides_reach_the_engines_and_the_writer() {
                 req(Action::Freeze, "incident freeze"),
             ),
         ],
+        config_path: None,
     })
     .await
     .unwrap();

@@ -305,6 +305,7 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
                 http_listen: Some("127.0.0.1:0".into()),
                 http_bound: Some(bound_tx),
                 commands: Vec::new(),
+                config_path: None,
             }))
     });
     let target = match bound_rx.recv_timeout(Duration::from_secs(DRAIN_WITHIN_S)) {

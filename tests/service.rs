@@ -2233,25 +2233,49 @@ fn the_control_token_from_the_environment_guards_changes() {
     let dir = dir();
     let port = free_port();
     // No broker at this address: the control API does not wait for one.
-    let cfg = config(&format!("127.0.0.1:{}", free_port()), &redis.url(), port, 5000);
+    let cfg = config(
+        &format!("127.0.0.1:{}", free_port()),
+        &redis.url(),
+        port,
+        5000,
+    );
     assert!(!cfg.contains("control_token"));
     let hermes = Hermes::start_env(&dir, "env", &cfg, port, &[("HERMES_CONTROL_TOKEN", TOKEN)]);
     let rt = tokio::runtime::Runtime::new().unwrap();
-    assert!(rt.block_on(support::eventually(Duration::from_secs(20), || {
-        hermes.get("/healthz").is_some()
-    })));
+    assert!(
+        rt.block_on(support::eventually(Duration::from_secs(20), || {
+            hermes.get("/healthz").is_some()
+        }))
+    );
     let url = format!("http://{}", hermes.http);
     let pin = |token: &str| {
         hermes_cli(&[
-            "ctl", "--url", &url, "--token", token, "pin", "free-a", "--drain", "--for", "5m",
-            "--reason", "env token test",
+            "ctl",
+            "--url",
+            &url,
+            "--token",
+            token,
+            "pin",
+            "free-a",
+            "--drain",
+            "--for",
+            "5m",
+            "--reason",
+            "env token test",
         ])
     };
     let (ok, out, err) = pin("not-the-token-at-all-0000");
     assert!(!ok, "a wrong token is refused: {out}{err}");
-    assert!(err.contains("401") || err.to_lowercase().contains("token"), "{err}");
+    assert!(
+        err.contains("401") || err.to_lowercase().contains("token"),
+        "{err}"
+    );
     let (ok, out, err) = pin(TOKEN);
-    assert!(ok, "the environment's token is accepted: {out}{err}\n{}", hermes.log_tail());
+    assert!(
+        ok,
+        "the environment's token is accepted: {out}{err}\n{}",
+        hermes.log_tail()
+    );
     let (ok, out, _) = hermes_cli(&["ctl", "--url", &url, "list"]);
     assert!(ok && out.contains("free-a"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);

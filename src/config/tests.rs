@@ -89,7 +89,7 @@ fn the_example_config_is_valid() {
 
 #[test]
 fn the_compose_config_is_valid() {
-    let c = ConfigFile::from_toml(include_str!("../../compose/hermes.toml")).unwrap();
+    let c = ConfigFile::from_toml(include_str!("../../compose/config/hermes.toml")).unwrap();
     assert_eq!(c.runtime.kafka.brokers, "kafka:9092");
     assert!(c.runtime.redis.url.starts_with("redis://redis:"));
 }

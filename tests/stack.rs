@@ -1,0 +1,171 @@
+//! `compose/local.sh`, the compose topology from local binaries: started as
+//! a person would, it brings the loop up (a drain reaches Redis, Prometheus
+//! scrapes both replicas), and Ctrl-C stops every process it started.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::free_port;
+
+/// GET `path` on 127.0.0.1:`port`; the body of a 200 answer.
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_string())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+#[test]
+fn the_local_stack_closes_the_loop_and_stops_on_ctrl_c() {
+    let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+    let (kafka, redis, a, b, prom) = (ports[0], ports[1], ports[2], ports[3], ports[4]);
+    let dir = std::env::temp_dir().join(format!("hermes-stack-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::fs::File::create(
+        std::env::temp_dir().join(format!("hermes-stack-test-{}.out", std::process::id())),
+    )
+    .unwrap();
+    let mut script = Command::new("bash")
+        .arg(format!("{root}/compose/local.sh"))
+        .env("KAFKA_PORT", kafka.to_string())
+        .env("REDIS_PORT", redis.to_string())
+        .env("HERMES_A_PORT", a.to_string())
+        .env("HERMES_B_PORT", b.to_string())
+        .env("PROMETHEUS_PORT", prom.to_string())
+        .env("HERMES_BIN", env!("CARGO_BIN_EXE_hermes"))
+        .env("STACK_DIR", &dir)
+        .env("PATH", {
+            let tansu_dir = support::tansu_bin()
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            format!("{tansu_dir}:{}", std::env::var("PATH").unwrap_or_default())
+        })
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("bash compose/local.sh");
+    let logs = || {
+        let mut s = String::new();
+        for name in ["tansu", "hermes-a", "hermes-b", "gateways", "prometheus"] {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            s += &format!(
+                "--- {name}\n{}\n",
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            );
+        }
+        s
+    };
+    let t0 = Instant::now();
+
+    // Prometheus scrapes both replicas: `up == 1` for each instance.
+    let both_up = |body: &str| {
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let up: Vec<String> = v["data"]["result"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .filter(|s| s["value"][1] == "1")
+                    .filter_map(|s| s["metric"]["instance"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        [a, b]
+            .iter()
+            .all(|p| up.contains(&format!("127.0.0.1:{p}")))
+    };
+    let mut scraped = None;
+    while scraped.is_none() {
+        if let Some(body) = get(prom, "/api/v1/query?query=up%7Bjob%3D%22hermes%22%7D") {
+            if both_up(&body) {
+                scraped = Some(t0.elapsed());
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "Prometheus never scraped both replicas:\n{}",
+            logs()
+        );
+        assert!(
+            script.try_wait().unwrap().is_none(),
+            "local.sh exited:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // scenarios/demo.toml: free-a fails silently from 60 s; the drain
+    // reaches Redis.
+    let client = redis::Client::open(format!("redis://127.0.0.1:{redis}/")).unwrap();
+    let mut drained = None;
+    while drained.is_none() {
+        if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_secs(1)) {
+            let json: Option<String> = redis::cmd("GET")
+                .arg(hermes::publish::snapshot_key("chat"))
+                .query(&mut c)
+                .unwrap_or(None);
+            if let Some(s) =
+                json.and_then(|j| serde_json::from_str::<hermes::publish::WeightSnapshot>(&j).ok())
+            {
+                if s.channels
+                    .get("free-a")
+                    .is_some_and(|c| c.state == "DRAINED")
+                {
+                    drained = Some(t0.elapsed());
+                }
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(420),
+            "free-a was never drained in Redis:\n{}",
+            logs()
+        );
+        assert!(
+            script.try_wait().unwrap().is_none(),
+            "local.sh exited:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Ctrl-C: everything it started stops.
+    assert!(Command::new("kill")
+        .args(["-INT", &script.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let stopping = Instant::now();
+    let status = loop {
+        if let Some(s) = script.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(90),
+            "local.sh did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stopped = stopping.elapsed();
+    let still: Vec<u16> = ports.iter().copied().filter(|p| listening(*p)).collect();
+    assert!(still.is_empty(), "still listening after Ctrl-C: {still:?}");
+    eprintln!(
+        "local.sh: Prometheus scraped both replicas {scraped:?} after start, free-a DRAINED in Redis {drained:?} after start, \
+         stopped in {stopped:?} ({status})"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
