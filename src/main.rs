@@ -308,6 +308,14 @@ enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Split the channels over this many partitions and compare one
+        /// thread with `--threads` (each thread owning its partitions, as
+        /// request loops do).
+        #[arg(long)]
+        partitions: Option<usize>,
+        /// Threads for `--partitions` (default: one per core).
+        #[arg(long, requires = "partitions")]
+        threads: Option<usize>,
     },
 }
 
@@ -856,6 +864,8 @@ fn dispatch(cli: &Cli) -> anyhow::Result<ExitCode> {
             seed,
             config,
             json,
+            partitions,
+            threads,
         } => {
             let base_config = match config {
                 Some(p) => Some(
@@ -879,6 +889,17 @@ fn dispatch(cli: &Cli) -> anyhow::Result<ExitCode> {
                 clock_spread_ms: *clock_spread_ms,
                 seed: *seed,
             };
+            if let Some(partitions) = partitions {
+                let threads = threads
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let report = hermes::bench::scaling(&opts, *partitions, threads)?;
+                if *json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    println!("{}", report.table());
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let report = hermes::bench::run(&opts)?;
             if *json {
                 println!("{}", serde_json::to_string(&report)?);

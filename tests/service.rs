@@ -2280,3 +2280,66 @@ fn the_control_token_from_the_environment_guards_changes() {
     assert!(ok && out.contains("free-a"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `service.request_threads = 2`: two request loops, each a member of the
+/// consumer group on its own thread, split the partitions; the instance
+/// reports all of them as its own, a drain reaches Redis, and every event
+/// is applied exactly once.
+#[test]
+fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000)
+        .replace("[service]\n", "[service]\nrequest_threads = 2\n");
+    let hermes = Hermes::start(&dir, "threads", &cfg, port);
+    let t0 = Instant::now();
+    while assigned(&hermes).len() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "the two loops never held all three partitions: {:?}\n{}",
+            assigned(&hermes),
+            hermes.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = SnapshotLog::start(&redis.url());
+    let mut gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    gw.set("free-a", FAILING);
+    let drained = wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED" && free_weight(s) == 0.0,
+    );
+    gw.stop();
+    let sent = gw.sent.load(Ordering::Relaxed);
+    let (applied, ..) = wait_all_applied(&hermes, sent, Duration::from_secs(60));
+    let log_text = std::fs::read_to_string(&hermes.log).unwrap_or_default();
+    let members: std::collections::BTreeSet<&str> = log_text
+        .lines()
+        .filter(|l| l.contains("partition assigned"))
+        .filter_map(|l| l.split("requests{lane=").nth(1)?.split('}').next())
+        .collect();
+    assert_eq!(
+        members.len(),
+        2,
+        "both loops were assigned partitions: {members:?}"
+    );
+    eprintln!(
+        "two request threads: free-a drained {drained:?} after failing; {applied} of {sent} events applied; \
+         loops that logged an assignment: {members:?}"
+    );
+    assert_no_regression(&log.all());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -228,6 +228,12 @@ pub struct ServiceConfig {
     /// without being decoded: an event is a few hundred bytes, and a
     /// multi-megabyte string in one would be copied and hashed for nothing.
     pub max_record_bytes: u32,
+    /// Request loops per instance, each on its own thread and each a
+    /// member of the consumer group with partitions of its own (a
+    /// partition's events stay in order on one thread). More than the
+    /// partitions an instance gets leaves the extra loops idle. 0: one per
+    /// core.
+    pub request_threads: u32,
     /// The bearer token the control API (`hermes ctl`) requires for every
     /// change; empty: changes are refused. The environment variable
     /// `HERMES_CONTROL_TOKEN` takes precedence (keep secrets out of files).
@@ -285,6 +291,7 @@ impl Default for ServiceConfig {
             http_listen: "127.0.0.1:9464".into(),
             idle_advance_ms: 5_000,
             max_record_bytes: 65_536,
+            request_threads: 1,
             control_token: String::new(),
             control_token_file: String::new(),
             override_poll_ms: 1_000,
@@ -340,12 +347,28 @@ impl ServiceConfig {
         if self.reload_check_ms < 0 {
             v.push("service.reload_check_ms", "must be >= 0 (0 turns it off)");
         }
+        if self.request_threads > 256 {
+            v.push(
+                "service.request_threads",
+                "must be at most 256 (0: one per core)",
+            );
+        }
         if !self.http_listen.is_empty() && self.http_listen.parse::<std::net::SocketAddr>().is_err()
         {
             v.push(
                 "service.http_listen",
                 format!("`{}` is not an ip:port address", self.http_listen),
             );
+        }
+    }
+}
+
+impl ServiceConfig {
+    /// The request loops to run: `request_threads`, or one per core for 0.
+    pub fn request_loops(&self) -> usize {
+        match self.request_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
         }
     }
 }

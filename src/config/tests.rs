@@ -330,3 +330,14 @@ fn the_http_listener_is_on_loopback_unless_configured() {
     let addr: std::net::SocketAddr = f.runtime.service.http_listen.parse().unwrap();
     assert!(addr.ip().is_loopback(), "{addr}");
 }
+
+#[test]
+fn request_threads_zero_means_one_per_core_and_is_bounded() {
+    let with =
+        |n: &str| ConfigFile::from_toml(&format!("{MINIMAL}\n[service]\nrequest_threads = {n}\n"));
+    assert_eq!(with("2").unwrap().runtime.service.request_loops(), 2);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(with("0").unwrap().runtime.service.request_loops(), cores);
+    let e = with("1000").unwrap_err().to_string();
+    assert!(e.contains("service.request_threads"), "{e}");
+}

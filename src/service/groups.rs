@@ -43,16 +43,29 @@ use std::time::Duration;
 /// saw them, and how many the topic has.
 #[derive(Default)]
 pub struct Ownership {
-    owned: Mutex<BTreeSet<i32>>,
+    /// Per request loop (`service.request_threads`): each is a member of
+    /// the consumer group with partitions of its own.
+    owned: Mutex<std::collections::BTreeMap<usize, BTreeSet<i32>>>,
     pub request_partitions: AtomicU32,
 }
 
 impl Ownership {
-    pub fn set_owned(&self, owned: BTreeSet<i32>) {
-        *self.owned.lock().unwrap_or_else(|p| p.into_inner()) = owned;
+    /// Request loop `lane`'s partitions.
+    pub fn set_owned(&self, lane: usize, owned: BTreeSet<i32>) {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lane, owned);
     }
+    /// Every partition this instance's request loops own.
     pub fn owned(&self) -> BTreeSet<i32> {
-        self.owned.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+            .copied()
+            .collect()
     }
 }
 

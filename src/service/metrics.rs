@@ -175,7 +175,8 @@ pub struct Metrics {
     /// Request partition → lag in records.
     lag: Mutex<BTreeMap<i32, i64>>,
     /// Request partitions this instance holds.
-    owned: Mutex<std::collections::BTreeSet<i32>>,
+    /// Owned request partitions, per request loop.
+    owned: Mutex<BTreeMap<usize, std::collections::BTreeSet<i32>>>,
     /// What `/readyz` answers.
     pub readiness: Readiness,
     /// The last alerts produced, one line each, newest last.
@@ -229,8 +230,8 @@ pub struct Readiness {
     seen: Mutex<std::collections::BTreeSet<Dependency>>,
     /// The request loop received an assignment (possibly empty).
     assigned: std::sync::atomic::AtomicBool,
-    /// Owned partitions still replaying or catching up.
-    catching_up: std::sync::atomic::AtomicU32,
+    /// Owned partitions still replaying or catching up, per request loop.
+    catching_up: Mutex<BTreeMap<usize, u32>>,
 }
 
 impl Readiness {
@@ -259,8 +260,9 @@ impl Readiness {
         self.assigned.store(true, Ordering::Relaxed);
     }
 
-    pub fn set_catching_up(&self, partitions: u32) {
-        self.catching_up.store(partitions, Ordering::Relaxed);
+    /// Request loop `lane`'s partitions still replaying or catching up.
+    pub fn set_catching_up(&self, lane: usize, partitions: u32) {
+        lock(&self.catching_up).insert(lane, partitions);
     }
 
     /// Every dependency checked so far, and whether it was up at its last
@@ -274,7 +276,7 @@ impl Readiness {
     }
 
     pub fn catching_up(&self) -> u32 {
-        self.catching_up.load(Ordering::Relaxed)
+        lock(&self.catching_up).values().sum()
     }
 
     /// `Ok` when ready; otherwise every reason it is not.
@@ -286,7 +288,7 @@ impl Readiness {
         if !self.assigned.load(Ordering::Relaxed) {
             reasons.push("no partition assignment received yet".into());
         }
-        let n = self.catching_up.load(Ordering::Relaxed);
+        let n = self.catching_up();
         if n > 0 {
             reasons.push(format!("{n} partition(s) still replaying or catching up"));
         }
@@ -402,8 +404,9 @@ impl Metrics {
         lock(&self.lag).remove(&partition);
     }
 
-    pub fn set_owned(&self, owned: std::collections::BTreeSet<i32>) {
-        *lock(&self.owned) = owned;
+    /// Request loop `lane`'s partitions.
+    pub fn set_owned(&self, lane: usize, owned: std::collections::BTreeSet<i32>) {
+        lock(&self.owned).insert(lane, owned);
     }
 
     pub fn set_lag(&self, partition: i32, lag: i64) {
@@ -657,7 +660,11 @@ impl Metrics {
             "Records sent to the dead-letter topic, by reason kind.",
             dead.iter().map(|(k, n)| (vec![("kind", *k)], *n)),
         )?;
-        let owned: Vec<String> = lock(&self.owned).iter().map(|p| p.to_string()).collect();
+        let owned: Vec<String> = lock(&self.owned)
+            .values()
+            .flatten()
+            .map(|p| p.to_string())
+            .collect();
         gauges(
             enc,
             "hermes_partition_assigned",

@@ -166,7 +166,7 @@ pub struct Service {
     pub control: Arc<overrides::Control>,
     stop: Arc<AtomicBool>,
     done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
-    request_thread: Option<std::thread::JoinHandle<()>>,
+    request_threads: Vec<std::thread::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Where the HTTP API listens (`service.http_listen`, its port resolved
     /// when it was 0); `None` when it is off.
@@ -262,20 +262,29 @@ impl Service {
         // few (one per group and partition per tick, and one per state
         // change), so this holds minutes of them.
         let (local_tx, local_rx) = tokio::sync::mpsc::channel(LOCAL_REPORTS);
-        let request_loop = requests::RequestLoop::new(requests::LoopParts {
-            cfg_rx: cfg_rx.clone(),
-            runtime: runtime.clone(),
-            ownership: ownership.clone(),
-            store: state_store,
-            producer: producer.clone(),
-            rt: tokio::runtime::Handle::current(),
-            metrics: metrics.clone(),
-            instance: instance.clone(),
-            stop: stop.clone(),
-            overrides: control.subscribe(),
-            alert_schema_id: registered.alert_schema_id,
-            local_reports: local_tx,
-        })?;
+        let dead_letters = Arc::new(std::sync::Mutex::new(crate::alert::DeadLetterRule::new(
+            cfg.alerts.clone(),
+        )));
+        let request_loops = (0..runtime.service.request_loops())
+            .map(|lane| {
+                requests::RequestLoop::new(requests::LoopParts {
+                    cfg_rx: cfg_rx.clone(),
+                    runtime: runtime.clone(),
+                    ownership: ownership.clone(),
+                    store: state_store.clone(),
+                    producer: producer.clone(),
+                    rt: tokio::runtime::Handle::current(),
+                    metrics: metrics.clone(),
+                    instance: instance.clone(),
+                    stop: stop.clone(),
+                    overrides: control.subscribe(),
+                    alert_schema_id: registered.alert_schema_id,
+                    local_reports: local_tx.clone(),
+                    lane,
+                    dead_letters: dead_letters.clone(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let group_loop = groups::GroupLoopParts {
             cfg_rx,
             runtime,
@@ -290,13 +299,13 @@ impl Service {
             instance,
         };
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
-        let request_thread = spawn_loops(request_loop, group_loop, done_tx, &mut tasks)?;
+        let request_threads = spawn_loops(request_loops, group_loop, done_tx, &mut tasks)?;
         Ok(Service {
             metrics,
             control,
             stop,
             done,
-            request_thread: Some(request_thread),
+            request_threads,
             tasks,
             http_addr,
         })
@@ -314,7 +323,7 @@ impl Service {
     /// Stops every loop: the request loop commits what it handled first.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.request_thread.take() {
+        for t in std::mem::take(&mut self.request_threads) {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
         for t in &self.tasks {
@@ -348,26 +357,31 @@ fn log_start(instance: &str, file: &ConfigFile) {
 
 type Done = tokio::sync::mpsc::UnboundedSender<(&'static str, anyhow::Result<()>)>;
 
-/// The request loop on its own OS thread, the group writer on the runtime;
-/// each says on `done` when it stops, and why.
+/// Each request loop on its own OS thread, the group writer on the
+/// runtime; each says on `done` when it stops, and why.
 fn spawn_loops(
-    request_loop: requests::RequestLoop,
+    request_loops: Vec<requests::RequestLoop>,
     group_loop: groups::GroupLoopParts,
     done: Done,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    let tx = done.clone();
-    let request_thread = std::thread::Builder::new()
-        .name("hermes-requests".into())
-        .spawn(move || {
-            let r = request_loop.run();
-            let _ = tx.send(("request loop", r));
-        })?;
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    for (lane, request_loop) in request_loops.into_iter().enumerate() {
+        let tx = done.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("hermes-requests-{lane}"))
+                .spawn(move || {
+                    let r = request_loop.run();
+                    let _ = tx.send(("request loop", r));
+                })?,
+        );
+    }
     tasks.push(tokio::spawn(async move {
         let r = groups::run(group_loop).await;
         let _ = done.send(("group writer", r));
     }));
-    Ok(request_thread)
+    Ok(threads)
 }
 
 /// Runs the service until SIGINT/SIGTERM or a loop fails.

@@ -84,6 +84,12 @@ pub struct LoopParts {
     /// This process's group writers: every health report is handed to them
     /// here as well as produced to the health topic (see `Emitter`).
     pub local_reports: tokio::sync::mpsc::Sender<HealthReport>,
+    /// Which of the instance's request loops this is (0-based; one per
+    /// `service.request_threads`, each a member of the consumer group).
+    pub lane: usize,
+    /// DECODE_ERROR_SPIKE over every record the instance reads, shared by
+    /// its request loops.
+    pub dead_letters: Arc<Mutex<crate::alert::DeadLetterRule>>,
 }
 
 struct LoopState {
@@ -99,8 +105,10 @@ struct LoopState {
     metrics: Arc<Metrics>,
     instance: String,
     stop: Arc<AtomicBool>,
+    /// Which request loop of the instance this is.
+    lane: usize,
     /// DECODE_ERROR_SPIKE over every record this instance reads.
-    dead_letters: crate::alert::DeadLetterRule,
+    dead_letters: Arc<Mutex<crate::alert::DeadLetterRule>>,
     emitter: Emitter,
     overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// The last consumer error logged, and when.
@@ -138,7 +146,7 @@ impl RequestLoop {
             // Incremental rebalances: partitions that stay keep their
             // engines, only moved ones are revoked and rebuilt.
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("client.id", &parts.instance)
+            .set("client.id", lane_client_id(&parts.instance, parts.lane))
             .set("statistics.interval.ms", "1000")
             // The loop drains its fetch queue slower than librdkafka fills
             // it whenever it is behind; the default 1 s backoff then left
@@ -158,7 +166,6 @@ impl RequestLoop {
         } else {
             Some(Registry::new(k)?)
         };
-        let dead_letters = crate::alert::DeadLetterRule::new(cfg.alerts.clone());
         let emitter = Emitter {
             runtime: parts.runtime.clone(),
             producer: parts.producer,
@@ -182,7 +189,8 @@ impl RequestLoop {
                 metrics: parts.metrics,
                 instance: parts.instance,
                 stop: parts.stop,
-                dead_letters,
+                lane: parts.lane,
+                dead_letters: parts.dead_letters,
                 emitter,
                 overrides: parts.overrides,
                 last_consumer_error: None,
@@ -203,6 +211,16 @@ impl RequestLoop {
 }
 
 type RequestConsumer = BaseConsumer<RequestContext>;
+
+/// The consumer's `client.id`: the instance, and the loop when there are
+/// several (broker logs and group listings tell them apart).
+fn lane_client_id(instance: &str, lane: usize) -> String {
+    if lane == 0 {
+        instance.to_string()
+    } else {
+        format!("{instance}-r{lane}")
+    }
+}
 
 /// A record read off the wire.
 enum Decoded<'m> {
@@ -316,6 +334,8 @@ impl OutputSink for &Emitter {
 
 impl LoopState {
     fn run(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        // Every line this loop logs names it (`requests{lane=1}`).
+        let _span = tracing::info_span!("requests", lane = self.lane).entered();
         let decoder = Decoder::new(WireFormat::Auto);
         let mut next_commit = Instant::now();
         let mut next_housekeeping = Instant::now();
@@ -417,7 +437,9 @@ impl LoopState {
             .values()
             .filter(|p| p.active && !p.caught_up())
             .count();
-        self.metrics.readiness.set_catching_up(catching_up as u32);
+        self.metrics
+            .readiness
+            .set_catching_up(self.lane, catching_up as u32);
         self.resume_paused(consumer)?;
         if drained {
             self.advance_idle(&known)?;
@@ -552,8 +574,8 @@ impl LoopState {
             .filter(|(_, p)| p.active)
             .map(|(p, _)| *p)
             .collect();
-        self.metrics.set_owned(owned.clone());
-        self.ownership.set_owned(owned);
+        self.metrics.set_owned(self.lane, owned.clone());
+        self.ownership.set_owned(self.lane, owned);
         self.refresh_partition_count(consumer);
     }
 
@@ -816,7 +838,8 @@ impl LoopState {
         let part = self.partitions.get_mut(&p).expect("checked above");
         if !replaying {
             let dead = verdict.as_ref().err().map(|r| r.kind);
-            if let Some(spike) = self.dead_letters.record(wall, dead) {
+            let spike = lock(&self.dead_letters).record(wall, dead);
+            if let Some(spike) = spike {
                 tracing::warn!(
                     reason = spike.reason,
                     share = spike.share,
