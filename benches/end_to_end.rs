@@ -18,10 +18,12 @@
 //! ```sh
 //! cargo bench --bench end_to_end                  # 200 channels x 20/s x 360 s, 3 rounds
 //! cargo bench --bench end_to_end -- --channels 1000 --seconds 360 --rounds 5
+//! cargo bench --bench end_to_end -- --threads 2   # two request loops
 //! ```
 //! The traffic is `hermes bench`'s (same generator); 360 s of event time
 //! fill the 5-minute windows, so most of the read is at steady state. The
-//! request loop is one thread, like the bare consumer. Each is timed from
+//! service runs `--threads` request loops (default one, like the bare
+//! consumer), each a member of its consumer group. Each is timed from
 //! its first record to its last. `HERMES_E2E_PROGRESS=1` prints the
 //! service's count every 250 ms (how the stall below was found).
 //!
@@ -61,6 +63,8 @@ fn main() -> anyhow::Result<()> {
         return Ok(()); // `cargo test --benches`
     }
     let channels = arg("--channels", 200) as usize;
+    // Request loops of the service (`service.request_threads`).
+    let threads = arg("--threads", 1) as u32;
     let seconds = arg("--seconds", 360);
     let opts = BenchOptions {
         channels,
@@ -131,7 +135,7 @@ fn main() -> anyhow::Result<()> {
         let decoding = read(|| bare_consumer(&bootstrap, requests, produced, round, true))?;
         let mut applied = 0;
         let service = read(|| {
-            let (took, n) = service_read(&rt, &cfg_text, &bootstrap, produced, round)?;
+            let (took, n) = service_read(&rt, threads, &cfg_text, &bootstrap, produced, round)?;
             applied = n;
             Ok(took)
         })?;
@@ -238,6 +242,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// to its last, and the records it applied.
 fn service_read(
     rt: &tokio::runtime::Runtime,
+    threads: u32,
     cfg_text: &str,
     bootstrap: &str,
     produced: u64,
@@ -249,6 +254,7 @@ fn service_read(
     file.runtime.kafka.session_timeout_ms = 6_000;
     file.runtime.service.http_listen = String::new();
     file.runtime.service.reload_check_ms = 0;
+    file.runtime.service.request_threads = threads;
     rt.block_on(async {
         let store = Store::InProcess(Arc::new(Default::default()));
         let service = Service::start(file, store, None).await?;

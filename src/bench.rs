@@ -798,4 +798,28 @@ mod tests {
         let back: BenchReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.line(), r.line());
     }
+
+    #[test]
+    fn scaling_runs_every_partition_in_both_phases_and_compares_them() {
+        let opts = BenchOptions {
+            channels: 40,
+            rate: 20.0,
+            seconds: 2,
+            warmup_seconds: Some(1),
+            mix: Mix::Uniform,
+            gateways: 1,
+            clock_spread_ms: 0,
+            seed: 1,
+            base_config: None,
+        };
+        let r = scaling(&opts, 4, 2).expect("a short scaling run");
+        // Four partitions of ten channels, 20 events/s each, two seconds.
+        assert_eq!((r.channels, r.events), (40, 4 * 10 * 20 * 2));
+        assert!(r.one_thread_events_per_s > 0.0 && r.events_per_s > 0.0);
+        assert!((r.speedup - r.events_per_s / r.one_thread_events_per_s).abs() < 1e-9);
+        assert!((r.efficiency - r.speedup / 2.0).abs() < 1e-9);
+        assert!(r.table().contains("efficiency"));
+        assert!(scaling(&opts, 0, 2).is_err());
+        assert!(scaling(&opts, 41, 2).is_err());
+    }
 }
