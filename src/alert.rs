@@ -45,6 +45,7 @@ avro_enum! {
         Degraded => "DEGRADED",
         Other => "OTHER",
         CorrelatedFailure => "CORRELATED_FAILURE",
+        PartitionSplit => "PARTITION_SPLIT",
     }
 }
 
@@ -451,6 +452,44 @@ impl AlertRules {
             breakdown: BTreeMap::new(),
             weight: None,
             message,
+        }
+    }
+
+    /// A channel's events arrive on more than one request partition: each
+    /// partition's engine judges it on part of its traffic. P3 (a
+    /// misconfigured gateway, not an outage); the caller limits it to once
+    /// per `alerts.partition_split_every_ms`.
+    pub fn partition_split(
+        &mut self,
+        group: &str,
+        channel: &str,
+        partitions: &[i32],
+        now_ms: i64,
+    ) -> AlertEvent {
+        let list = partitions
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        AlertEvent {
+            alert_id: self.id(channel, AlertKind::PartitionSplit, now_ms),
+            event_time_ms: now_ms,
+            route_group: group.to_string(),
+            channel_id: Some(channel.to_string()),
+            kind: AlertKind::PartitionSplit,
+            severity: Severity::P3,
+            from_state: None,
+            to_state: None,
+            reason: format!("partitions={list}"),
+            score: None,
+            breakdown: BTreeMap::new(),
+            weight: None,
+            message: format!(
+                "channel {channel}: its events arrive on request partitions {list}, so each \
+                 partition's engine judges it on part of its traffic; every gateway must key \
+                 events by channel id with the same partitioner (murmur2; librdkafka: \
+                 partitioner=murmur2_random)"
+            ),
         }
     }
 

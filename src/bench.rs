@@ -758,10 +758,10 @@ impl ScalingReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_short_run_reports_wall_and_cpu_pauses_and_round_trips_as_json() {
-        let opts = BenchOptions {
-            channels: 20,
+    /// A run of `channels` channels, 1 s of warm-up, 2 s measured.
+    fn tiny(channels: usize) -> BenchOptions {
+        BenchOptions {
+            channels,
             rate: 20.0,
             seconds: 2,
             warmup_seconds: Some(1),
@@ -770,7 +770,12 @@ mod tests {
             clock_spread_ms: 0,
             seed: 1,
             base_config: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_short_run_reports_wall_and_cpu_pauses_and_round_trips_as_json() {
+        let opts = tiny(20);
         let r = run(&opts).expect("a short run");
         assert_eq!(r.events, 20 * 20 * 2);
         assert!(r.max_pause_ms > 0.0);
@@ -801,17 +806,7 @@ mod tests {
 
     #[test]
     fn scaling_runs_every_partition_in_both_phases_and_compares_them() {
-        let opts = BenchOptions {
-            channels: 40,
-            rate: 20.0,
-            seconds: 2,
-            warmup_seconds: Some(1),
-            mix: Mix::Uniform,
-            gateways: 1,
-            clock_spread_ms: 0,
-            seed: 1,
-            base_config: None,
-        };
+        let opts = tiny(40);
         let r = scaling(&opts, 4, 2).expect("a short scaling run");
         // Four partitions of ten channels, 20 events/s each, two seconds.
         assert_eq!((r.channels, r.events), (40, 4 * 10 * 20 * 2));

@@ -47,6 +47,9 @@ struct GroupView {
     next_plan_ms: Option<i64>,
     /// A reported state change not planned for yet (see `take_state_change`).
     state_changed_at_ms: Option<i64>,
+    /// Per channel, the request partitions that reported demand for it, and
+    /// when last (wall ms): more than one is a split channel.
+    carriers: BTreeMap<String, BTreeMap<i32, i64>>,
 }
 
 /// Why a group is not published yet.
@@ -87,6 +90,12 @@ impl GroupBoard {
             if h.group != g.id || !g.channels.iter().any(|c| c.id == h.id) {
                 continue;
             }
+            if h.demand_rps.iter().sum::<f64>() > 0.0 {
+                view.carriers
+                    .entry(h.id.clone())
+                    .or_default()
+                    .insert(r.partition, wall_ms);
+            }
             let prev_state = view.channels.get(&h.id).map(|e| e.health.state);
             let newer = view
                 .channels
@@ -108,6 +117,29 @@ impl GroupBoard {
             }
         }
         true
+    }
+
+    /// Channels of `group` whose events reached more than one request
+    /// partition, each reporting demand within `horizon_ms` of `wall_ms`,
+    /// with those partitions (ascending). Forgets older carriers.
+    pub fn split_channels(
+        &mut self,
+        group: &str,
+        wall_ms: i64,
+        horizon_ms: i64,
+    ) -> Vec<(String, Vec<i32>)> {
+        let Some(view) = self.groups.get_mut(group) else {
+            return Vec::new();
+        };
+        let mut split = Vec::new();
+        view.carriers.retain(|channel, parts| {
+            parts.retain(|_, at| wall_ms - *at <= horizon_ms);
+            if parts.len() > 1 {
+                split.push((channel.clone(), parts.keys().copied().collect()));
+            }
+            !parts.is_empty()
+        });
+        split
     }
 
     /// Remembers the channel states of the snapshot stored before this writer
@@ -399,5 +431,41 @@ mod tests {
         h.group = "chat".into();
         b.on_report(&cfg, report(0, 1, vec![h]), 0);
         assert!(b.health("chat").is_empty());
+    }
+
+    /// A channel with demand reported by two partitions within the horizon
+    /// is split; one partition, or a second one gone quiet, is not.
+    #[test]
+    fn a_channel_carried_by_two_partitions_is_split_until_one_goes_quiet() {
+        let c = cfg();
+        let mut b = GroupBoard::new();
+        let busy = |id: &str| {
+            let mut h = health(id, StateKind::Healthy);
+            h.demand_rps = [1.0, 0.0, 0.0, 0.0];
+            h
+        };
+        // Reported without demand (seen once, long ago): not a carrier.
+        let mut quiet = health("free", StateKind::Healthy);
+        quiet.demand_rps = [0.0; 4];
+        b.on_report(&c, report(2, 5_000, vec![quiet]), 1_000);
+        b.on_report(
+            &c,
+            report(0, 5_000, vec![busy("free"), busy("paid")]),
+            1_000,
+        );
+        assert!(b.split_channels("chat", 1_000, 60_000).is_empty());
+        b.on_report(&c, report(1, 5_000, vec![busy("free")]), 2_000);
+        assert_eq!(
+            b.split_channels("chat", 2_000, 60_000),
+            vec![("free".to_string(), vec![0, 1])]
+        );
+        // Partition 0 keeps reporting; partition 1 stops.
+        b.on_report(
+            &c,
+            report(0, 9_000, vec![busy("free"), busy("paid")]),
+            70_000,
+        );
+        assert!(b.split_channels("chat", 70_000, 60_000).is_empty());
+        assert!(b.split_channels("other", 70_000, 60_000).is_empty());
     }
 }

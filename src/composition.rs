@@ -139,6 +139,13 @@ impl GroupPlanner {
     }
 
     /// Whether a reported state change waits to be planned.
+    /// Channels of `group` split over request partitions
+    /// (`alerts.partition_split_horizon_ms`), with their partitions.
+    pub fn split_channels(&mut self, group: &str, wall_ms: i64) -> Vec<(String, Vec<i32>)> {
+        let horizon = self.cfg.alerts.partition_split_horizon_ms;
+        self.board.split_channels(group, wall_ms, horizon)
+    }
+
     pub fn state_change_pending(&self, group: &str) -> bool {
         self.board.state_change_pending(group)
     }

@@ -985,6 +985,45 @@ fn assigned(h: &Hermes) -> Vec<i32> {
         .collect()
 }
 
+/// Two instances, `a` started first (so it leads the group: tansu strands
+/// the partitions of a SIGKILLed leader) and `b`, once they have split the
+/// three partitions between them; with each one's partitions.
+fn split_pair(
+    kafka: &Tansu,
+    redis: &RedisServer,
+    dir: &std::path::Path,
+    cooldown_ms: i64,
+) -> (Hermes, Hermes, Vec<i32>, Vec<i32>) {
+    let a = start_hermes(kafka, redis, dir, "a", cooldown_ms);
+    let t0 = Instant::now();
+    while assigned(&a).len() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "a never got the partitions:\n{}",
+            a.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let b = start_hermes(kafka, redis, dir, "b", cooldown_ms);
+    loop {
+        let (x, y) = (assigned(&a), assigned(&b));
+        if !x.is_empty()
+            && !y.is_empty()
+            && x.len() + y.len() == 3
+            && x.iter().all(|p| !y.contains(p))
+        {
+            return (a, b, x, y);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the partitions were not split ({x:?} / {y:?}):\n{}\n{}",
+            a.log_tail(),
+            b.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Two instances split the partitions; the one that owns the drained free
 /// channel is SIGKILLed.
 ///
@@ -1002,34 +1041,8 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
     // A long cool-down: free-a must still be DRAINED after the takeover, and
     // only restored state can know that (its events are healthy again).
     let cooldown = 120_000;
-    let a = start_hermes(&kafka, &redis, &dir, "a", cooldown);
     let t0 = Instant::now();
-    while assigned(&a).len() < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "a never got the partitions:\n{}",
-            a.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let mut b = start_hermes(&kafka, &redis, &dir, "b", cooldown);
-    let (pa_set, pb_set) = loop {
-        let (x, y) = (assigned(&a), assigned(&b));
-        if !x.is_empty()
-            && !y.is_empty()
-            && x.len() + y.len() == 3
-            && x.iter().all(|p| !y.contains(p))
-        {
-            break (x, y);
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "the partitions were not split ({x:?} / {y:?}):\n{}\n{}",
-            a.log_tail(),
-            b.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let (a, mut b, pa_set, pb_set) = split_pair(&kafka, &redis, &dir, cooldown);
     eprintln!("split: a {pa_set:?}, b {pb_set:?}");
     // free-a lives on one of b's partitions, the paid channels on the rest.
     let mut others = pa_set.iter().chain(pb_set.iter().skip(1)).copied().cycle();
@@ -2006,27 +2019,8 @@ fn a_paused_instance_is_fenced_on_resume_and_raises_no_stale_alert() {
     let kafka = Tansu::start(TOPICS);
     let redis = RedisServer::start();
     let dir = dir();
-    let a = start_hermes(&kafka, &redis, &dir, "a", 120_000);
     let t0 = Instant::now();
-    while assigned(&a).len() < 3 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", a.log_tail());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // `a` leads the group (see the SIGKILL test on tansu's leaders); `b`,
-    // a plain member, is the one paused.
-    let b = start_hermes(&kafka, &redis, &dir, "b", 120_000);
-    let pb = loop {
-        let (x, y) = (assigned(&a), assigned(&b));
-        if !y.is_empty() && x.len() + y.len() == 3 && x.iter().all(|p| !y.contains(p)) {
-            break y;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no split ({x:?} / {y:?})"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let pa = assigned(&a);
+    let (a, b, pa, pb) = split_pair(&kafka, &redis, &dir, 120_000);
     let mapping: Mapping = vec![
         ("free-a", pb[0]),
         ("paid-a", pa[0]),
@@ -2341,5 +2335,64 @@ fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
          loops that logged an assignment: {members:?}"
     );
     assert_no_regression(&log.all());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// docs/integration.md#producing-events: one gateway sends free-a's events to
+/// partition 0 and another to partition 1 (different partitioners): the
+/// group's writer names the channel and both partitions in a
+/// PARTITION_SPLIT alert (once) and in `hermes_channel_split_partitions`.
+#[test]
+fn a_channel_split_over_two_partitions_is_named_in_an_alert_and_a_metric() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
+    let mapping: Mapping = vec![("free-a", 0), ("free-a", 1), ("paid-a", 1), ("paid-b", 2)];
+    let _gw = Gateway::start_with(&kafka.bootstrap(), 40, mapping);
+    let series =
+        "hermes_channel_split_partitions{group=\"chat\",channel=\"free-a\",partitions=\"0,1\"}";
+    let t0 = Instant::now();
+    while hermes.metric(series).is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no split metric:\n{}\n{}",
+            hermes
+                .get("/metrics")
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("split"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            hermes.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let noticed = t0.elapsed();
+    assert_eq!(hermes.metric(series), Some(2.0));
+    // Only free-a is split.
+    let metrics = hermes.get("/metrics").unwrap_or_default();
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("hermes_channel_split_partitions{"))
+            .count(),
+        1,
+        "{metrics}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let splits: Vec<AlertEvent> = read_topic(&kafka.bootstrap(), "hermes.alerts", 1)
+        .iter()
+        .filter_map(|m| AlertEvent::from_record(m.payload()?).ok())
+        .filter(|a| a.kind == AlertKind::PartitionSplit)
+        .collect();
+    assert_eq!(splits.len(), 1, "one alert per period: {splits:?}");
+    assert_eq!(splits[0].channel_id.as_deref(), Some("free-a"));
+    assert_eq!(splits[0].reason, "partitions=0,1");
+    eprintln!(
+        "split channel named {noticed:?} after the gateways started: {}",
+        splits[0].message
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -89,59 +89,50 @@ fn the_local_stack_closes_the_loop_and_stops_on_ctrl_c() {
             .iter()
             .all(|p| up.contains(&format!("127.0.0.1:{p}")))
     };
-    let mut scraped = None;
-    while scraped.is_none() {
-        if let Some(body) = get(prom, "/api/v1/query?query=up%7Bjob%3D%22hermes%22%7D") {
-            if both_up(&body) {
-                scraped = Some(t0.elapsed());
-            }
+    // Until `check` holds (the time since start), failing with the logs
+    // after `limit` or when the script exits.
+    let mut until = |limit: Duration, what: &str, check: &mut dyn FnMut() -> bool| loop {
+        if check() {
+            return t0.elapsed();
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "Prometheus never scraped both replicas:\n{}",
-            logs()
-        );
+        assert!(t0.elapsed() < limit, "{what}:\n{}", logs());
         assert!(
             script.try_wait().unwrap().is_none(),
             "local.sh exited:\n{}",
             logs()
         );
         std::thread::sleep(Duration::from_millis(500));
-    }
+    };
+    let scraped = until(
+        Duration::from_secs(180),
+        "Prometheus never scraped both replicas",
+        &mut || {
+            get(prom, "/api/v1/query?query=up%7Bjob%3D%22hermes%22%7D").is_some_and(|b| both_up(&b))
+        },
+    );
 
     // scenarios/demo.toml: free-a fails silently from 60 s; the drain
     // reaches Redis.
     let client = redis::Client::open(format!("redis://127.0.0.1:{redis}/")).unwrap();
-    let mut drained = None;
-    while drained.is_none() {
-        if let Ok(mut c) = client.get_connection_with_timeout(Duration::from_secs(1)) {
+    let drained = until(
+        Duration::from_secs(420),
+        "free-a was never drained in Redis",
+        &mut || {
+            let Ok(mut c) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+                return false;
+            };
             let json: Option<String> = redis::cmd("GET")
                 .arg(hermes::publish::snapshot_key("chat"))
                 .query(&mut c)
                 .unwrap_or(None);
-            if let Some(s) =
-                json.and_then(|j| serde_json::from_str::<hermes::publish::WeightSnapshot>(&j).ok())
-            {
-                if s.channels
-                    .get("free-a")
-                    .is_some_and(|c| c.state == "DRAINED")
-                {
-                    drained = Some(t0.elapsed());
-                }
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(420),
-            "free-a was never drained in Redis:\n{}",
-            logs()
-        );
-        assert!(
-            script.try_wait().unwrap().is_none(),
-            "local.sh exited:\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+            json.and_then(|j| serde_json::from_str::<hermes::publish::WeightSnapshot>(&j).ok())
+                .is_some_and(|s| {
+                    s.channels
+                        .get("free-a")
+                        .is_some_and(|c| c.state == "DRAINED")
+                })
+        },
+    );
 
     // Ctrl-C: everything it started stops.
     assert!(Command::new("kill")

@@ -44,6 +44,14 @@ pub struct AlertConfig {
     /// minutes covers a relapse soon after recovery (one episode to the
     /// on-call engineer) and is shorter than a working shift.
     pub incident_quiet_ms: i64,
+    /// PARTITION_SPLIT: a channel whose events reached two request
+    /// partitions or more, each within this long (wall time), is split:
+    /// each partition's engine sees part of its traffic (gateways using
+    /// different partitioners; docs/integration.md#producing-events).
+    pub partition_split_horizon_ms: i64,
+    /// ... and is alerted at most once per this long per channel (the
+    /// metric `hermes_channel_split_partitions` shows it all along).
+    pub partition_split_every_ms: i64,
 }
 
 impl Default for AlertConfig {
@@ -60,6 +68,8 @@ impl Default for AlertConfig {
             dead_letter_min_records: 100,
             dead_letter_window_ms: 60_000,
             incident_quiet_ms: 600_000,
+            partition_split_horizon_ms: 60_000,
+            partition_split_every_ms: 3_600_000,
         }
     }
 }
@@ -81,4 +91,12 @@ pub(super) fn validate_alerts(a: &AlertConfig, v: &mut Issues) {
         a.dead_letter_window_ms,
     );
     v.positive_ms("alerts.incident_quiet_ms".into(), a.incident_quiet_ms);
+    v.positive_ms(
+        "alerts.partition_split_horizon_ms".into(),
+        a.partition_split_horizon_ms,
+    );
+    v.positive_ms(
+        "alerts.partition_split_every_ms".into(),
+        a.partition_split_every_ms,
+    );
 }

@@ -183,6 +183,11 @@ async fn connect_health(
     }
 }
 
+/// The writers' round: planning when due, heartbeats, and the look for
+/// channels split over partitions (judged over
+/// `alerts.partition_split_horizon_ms`) run at least this often.
+const ROUND_MS: i64 = 500;
+
 /// The groups this instance writes: what they plan ([`GroupPlanner`]),
 /// where they write, and each one's fencing position.
 struct GroupWriters {
@@ -196,6 +201,10 @@ struct GroupWriters {
     rules: AlertRules,
     /// Redis as readiness names it (password redacted).
     redis_target: String,
+    /// When each (group, channel) was last alerted as split over partitions.
+    split_alerted: BTreeMap<(String, String), i64>,
+    /// The split check runs on the writer's round, not on every report.
+    next_split_check_ms: i64,
 }
 
 impl GroupWriters {
@@ -218,6 +227,39 @@ impl GroupWriters {
             tracing::info!(%group, frozen = want, %note, "operator freeze reconciled");
             let at = self.planner.watermark_ms(&group).unwrap_or(now);
             alerts.push(self.rules.group_override(&group, want, at, &note));
+        }
+        alerts
+    }
+
+    /// Channels of the groups written here whose events reach more than
+    /// one request partition: the metric every round, a PARTITION_SPLIT
+    /// alert at most once per `alerts.partition_split_every_ms` each.
+    fn split_alerts(&mut self) -> Vec<AlertEvent> {
+        let now = crate::wall_clock::now_ms();
+        if now < self.next_split_check_ms {
+            return Vec::new();
+        }
+        self.next_split_check_ms = now + ROUND_MS;
+        let every = self.cfg.alerts.partition_split_every_ms;
+        let mut alerts = Vec::new();
+        let groups: Vec<String> = self.writers.keys().cloned().collect();
+        for group in groups {
+            let splits = self.planner.split_channels(&group, now);
+            for (channel, partitions) in &splits {
+                let key = (group.clone(), channel.clone());
+                if self
+                    .split_alerted
+                    .get(&key)
+                    .is_some_and(|at| now - at < every)
+                {
+                    continue;
+                }
+                tracing::warn!(%group, %channel, ?partitions, "a channel's events arrive on more than one request partition");
+                let at = self.planner.watermark_ms(&group).unwrap_or(now);
+                alerts.push(self.rules.partition_split(&group, channel, partitions, at));
+                self.split_alerted.insert(key, now);
+            }
+            self.metrics.set_splits(&group, splits);
         }
         alerts
     }
@@ -461,6 +503,8 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
     let mut writers = GroupWriters {
         planner: GroupPlanner::new(cfg.clone()),
         rules: AlertRules::new(cfg.alerts.clone()),
+        split_alerted: BTreeMap::new(),
+        next_split_check_ms: 0,
         redis_target: crate::publish::redact_url(&runtime.redis.url),
         cfg,
         runtime,
@@ -468,7 +512,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         sink,
         metrics,
     };
-    let mut round = tokio::time::interval(Duration::from_millis(500));
+    let mut round = tokio::time::interval(Duration::from_millis(ROUND_MS as u64));
     while !stop.load(Ordering::Relaxed) {
         tokio::select! {
             m = consumer.recv() => {
@@ -508,7 +552,9 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         writers.sync_ownership(&ownership);
         // Every pass: a group taken over is frozen before its first write.
         let desired = overrides.borrow_and_update().clone();
-        for alert in writers.reconcile_freezes(&desired) {
+        let mut alerts = writers.reconcile_freezes(&desired);
+        alerts.extend(writers.split_alerts());
+        for alert in alerts {
             produce_alert(&producer, &writers.runtime, &alert, alert_schema_id)?;
             writers.metrics.alert_produced(&alert);
         }

@@ -119,6 +119,9 @@ pub struct GroupGauges {
     pub waiting_for: Vec<String>,
 }
 
+/// A channel and the request partitions its events reach.
+pub type SplitChannel = (String, Vec<i32>);
+
 /// A histogram of durations, exported in seconds.
 pub struct Histogram(prometheus_client::metrics::histogram::Histogram);
 
@@ -172,6 +175,8 @@ pub struct Metrics {
     /// (group, channel) → published weight changes.
     weight_changes: Mutex<BTreeMap<(String, String), u64>>,
     groups: Mutex<BTreeMap<String, GroupGauges>>,
+    /// Per group written here: its channels split over request partitions.
+    splits: Mutex<BTreeMap<String, Vec<SplitChannel>>>,
     /// Request partition → lag in records.
     lag: Mutex<BTreeMap<i32, i64>>,
     /// Request partitions this instance holds.
@@ -435,6 +440,12 @@ impl Metrics {
 
     pub fn forget_group(&self, group: &str) {
         lock(&self.groups).remove(group);
+        lock(&self.splits).remove(group);
+    }
+
+    /// The group's channels whose events reach more than one partition.
+    pub fn set_splits(&self, group: &str, splits: Vec<SplitChannel>) {
+        lock(&self.splits).insert(group.to_string(), splits);
     }
 
     /// The exposition, rendered by `prometheus-client` in the Prometheus
@@ -814,6 +825,32 @@ impl Metrics {
 
     /// Per group this instance writes.
     fn encode_groups(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let splits = lock(&self.splits).clone();
+        let split_rows: Vec<(String, String, String, f64)> = splits
+            .iter()
+            .flat_map(|(g, chans)| {
+                chans.iter().map(move |(c, parts)| {
+                    let list = parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+                    (g.clone(), c.clone(), list.join(","), parts.len() as f64)
+                })
+            })
+            .collect();
+        gauges(
+            enc,
+            "hermes_channel_split_partitions",
+            "Request partitions a channel's events reach when more than one (gateways with different partitioners); absent when one.",
+            None,
+            split_rows.iter().map(|(g, c, p, n)| {
+                (
+                    vec![
+                        ("group", g.as_str()),
+                        ("channel", c.as_str()),
+                        ("partitions", p.as_str()),
+                    ],
+                    *n,
+                )
+            }),
+        )?;
         let groups = lock(&self.groups).clone();
         let now = crate::wall_clock::now_ms();
         let per_group = |f: &dyn Fn(&GroupGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
