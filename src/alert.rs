@@ -487,8 +487,8 @@ impl AlertRules {
             message: format!(
                 "channel {channel}: its events arrive on request partitions {list}, so each \
                  partition's engine judges it on part of its traffic; every gateway must key \
-                 events by channel id with the same partitioner (murmur2; librdkafka: \
-                 partitioner=murmur2_random)"
+                 events by channel id with the same partitioner (murmur2, Kafka's default; \
+                 clients on the C library set partitioner=murmur2_random)"
             ),
         }
     }
