@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{event, free_port, Hermes, RedisServer, Tansu};
+use support::{event, free_port, FakeRegistry, Hermes, RedisServer, Tansu};
 
 const TOPICS: &[(&str, u32)] = &[
     ("hermes.requests", 3),
@@ -105,6 +105,8 @@ fn wall_ms() -> i64 {
 
 const HEALTHY: u8 = 0;
 const FAILING: u8 = 1;
+/// No events at all: the gateways route around the channel.
+const SILENT: u8 = 2;
 
 /// A synthetic gateway: `rps` events per second per channel, each channel
 /// healthy or failing (HTTP 503) as the test says.
@@ -145,7 +147,11 @@ impl Gateway {
             while !st.load(Ordering::Relaxed) {
                 let t0 = Instant::now();
                 for (channel, partition) in &mapping {
-                    let failing = b[channel].load(Ordering::Relaxed) == FAILING;
+                    let behavior = b[channel].load(Ordering::Relaxed);
+                    if behavior == SILENT {
+                        continue;
+                    }
+                    let failing = behavior == FAILING;
                     for _ in 0..per_tick {
                         seq += 1;
                         let id = format!("gw-{}-{seq}", std::process::id());
@@ -483,152 +489,6 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A Schema Registry that knows one id (`GET /schemas/ids/{id}`), and
-/// remembers which ids were asked for.
-struct FakeRegistry {
-    url: String,
-    asked: Arc<Mutex<Vec<u32>>>,
-    /// While set, every request gets 503 (a registry outage).
-    down: Arc<AtomicBool>,
-    /// (subject, schema, id) of every registration, in order.
-    registered: Arc<Mutex<Vec<(String, String, u32)>>>,
-}
-
-impl FakeRegistry {
-    const KNOWN_ID: u32 = 7;
-    /// Registered schemas get ids from here on.
-    const FIRST_REGISTERED_ID: u32 = 100;
-
-    fn start() -> FakeRegistry {
-        use std::io::{Read, Write};
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        let asked = Arc::new(Mutex::new(Vec::new()));
-        let registered = Arc::new(Mutex::new(Vec::<(String, String, u32)>::new()));
-        let (a, reg) = (asked.clone(), registered.clone());
-        let down = Arc::new(AtomicBool::new(false));
-        let is_down = down.clone();
-        std::thread::spawn(move || {
-            for mut s in l.incoming().flatten() {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let split = head
-                    .windows(4)
-                    .position(|w| w == b"\r\n\r\n")
-                    .map_or(head.len(), |p| p + 4);
-                let req = String::from_utf8_lossy(&head[..split]).to_string();
-                let mut body = head[split..].to_vec();
-                let length: usize = req
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse().ok())?
-                    })
-                    .unwrap_or(0);
-                while body.len() < length {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => body.extend_from_slice(&buf[..n]),
-                    }
-                }
-                if is_down.load(Ordering::Relaxed) {
-                    let _ = write!(
-                        s,
-                        "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
-                    );
-                    continue;
-                }
-                let mut words = req.split_whitespace();
-                let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-                let path = path.split('?').next().unwrap_or("");
-                let reply = |s: &mut std::net::TcpStream, code: &str, body: String| {
-                    let _ = write!(
-                        s,
-                        "HTTP/1.1 {code}\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                };
-                if method == "POST" {
-                    // POST /subjects/{subject}/versions {"schema": "..."}
-                    let subject = path
-                        .strip_prefix("/subjects/")
-                        .and_then(|p| p.strip_suffix("/versions"))
-                        .unwrap_or("")
-                        .to_string();
-                    let schema = serde_json::from_slice::<serde_json::Value>(&body)
-                        .ok()
-                        .and_then(|v| v["schema"].as_str().map(str::to_string))
-                        .unwrap_or_default();
-                    let mut r = reg.lock().unwrap();
-                    let id = r
-                        .iter()
-                        .find(|(_, sch, _)| *sch == schema)
-                        .map(|x| x.2)
-                        .unwrap_or(Self::FIRST_REGISTERED_ID + r.len() as u32);
-                    r.push((subject, schema, id));
-                    reply(
-                        &mut s,
-                        "200 OK",
-                        serde_json::json!({ "id": id }).to_string(),
-                    );
-                    continue;
-                }
-                // GET /schemas/ids/{id}
-                let id: u32 = path
-                    .strip_prefix("/schemas/ids/")
-                    .and_then(|x| x.split('/').next())
-                    .and_then(|x| x.parse().ok())
-                    .unwrap_or(0);
-                a.lock().unwrap().push(id);
-                let known = if id == Self::KNOWN_ID {
-                    Some(include_str!("../schemas/request_event.avsc").to_string())
-                } else {
-                    reg.lock()
-                        .unwrap()
-                        .iter()
-                        .find(|x| x.2 == id)
-                        .map(|x| x.1.clone())
-                };
-                match known {
-                    Some(schema) => reply(
-                        &mut s,
-                        "200 OK",
-                        serde_json::json!({ "schema": schema }).to_string(),
-                    ),
-                    None => reply(
-                        &mut s,
-                        "404 Not Found",
-                        "{\"error_code\":40403}".to_string(),
-                    ),
-                }
-            }
-        });
-        FakeRegistry {
-            url,
-            asked,
-            registered,
-            down,
-        }
-    }
-
-    fn set_down(&self, down: bool) {
-        self.down.store(down, Ordering::Relaxed);
-    }
-
-    fn requests(&self) -> Vec<u32> {
-        let mut v = self.asked.lock().unwrap().clone();
-        v.sort();
-        v
-    }
 }
 
 /// Produces one hand-made record to the request topic, waiting while the
@@ -1295,6 +1155,48 @@ fn a_broker_that_comes_up_after_hermes_is_waited_for_and_readiness_says_why() {
     );
     drop(gw);
     hermes.kill();
+}
+
+/// A channel drained, then silent (its gateways route around it), alone on
+/// its partition: while the instance's other partitions stay busy, that
+/// partition's event time still moves on (judged on its own fetch report),
+/// so the cool-down elapses and the channel gets its probation.
+#[test]
+fn a_drained_channel_alone_on_its_partition_gets_its_probation_while_others_are_busy() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let port = free_port();
+    let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000);
+    let hermes = Hermes::start(&dir, "a", &cfg, port);
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(30),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED",
+    );
+    gw.set("free-a", SILENT);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a on probation after its 5 s cool-down",
+        |s| free_state(s) == "OBSERVING",
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// docs/decisions.md#safety-rails / issue #11: a Schema Registry outage delays, it never

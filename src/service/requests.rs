@@ -343,8 +343,6 @@ impl LoopState {
         while !self.stop.load(Ordering::Relaxed) {
             let polled = consumer.poll(Duration::from_millis(100));
             self.handle_rebalances(consumer);
-            // Nothing fetched and queued: every partition is caught up.
-            let drained = polled.is_none();
             match polled {
                 Some(Ok(m)) => {
                     batch.push(m);
@@ -361,7 +359,7 @@ impl LoopState {
             }
             if housekeeping {
                 next_housekeeping = Instant::now() + Duration::from_millis(500);
-                self.housekeeping(consumer, drained)?;
+                self.housekeeping(consumer)?;
             }
             if Instant::now() >= next_commit {
                 next_commit = Instant::now()
@@ -419,8 +417,11 @@ impl LoopState {
 
     /// Every 500 ms: a reloaded policy, high watermarks the broker did not
     /// give at assignment, the topic's partition count if it is still
-    /// unknown (no group is written until it is), and idle partitions.
-    fn housekeeping(&mut self, consumer: &RequestConsumer, drained: bool) -> anyhow::Result<()> {
+    /// unknown (no group is written until it is), and idle partitions:
+    /// each judged on its own fetch report, however busy the others are (a
+    /// partition whose channels were all drained gets no events while its
+    /// neighbours on the same consumer do, and its cool-downs must run).
+    fn housekeeping(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
         self.reload_config();
         // One copy of librdkafka's fetch reports per round, for both uses.
         let known = lock(&self.shared).high_watermarks.clone();
@@ -441,9 +442,7 @@ impl LoopState {
             .readiness
             .set_catching_up(self.lane, catching_up as u32);
         self.resume_paused(consumer)?;
-        if drained {
-            self.advance_idle(&known)?;
-        }
+        self.advance_idle(&known)?;
         Ok(())
     }
 

@@ -1,6 +1,10 @@
 //! Test fixtures: real servers on free loopback ports, stopped by PID.
 #![allow(dead_code)]
 
+pub mod registry;
+#[allow(unused_imports)] // not every test binary starts a registry
+pub use registry::FakeRegistry;
+
 use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
