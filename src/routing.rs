@@ -4,7 +4,13 @@
 //! through this same type.
 
 use crate::event::TrafficClass;
-use crate::publish::WeightSnapshot;
+use crate::publish::{ClassWeights, WeightSnapshot};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A gateway's own table for a group, used until its first snapshot
+/// arrives: traffic class (UPPERCASE as on the wire, or `*` for every class
+/// not named) → channel id → weight.
+pub type StaticWeights = BTreeMap<String, BTreeMap<String, f64>>;
 
 /// Walker/Vose alias table: O(n) to build, O(1) to sample.
 #[derive(Debug, Clone)]
@@ -81,12 +87,23 @@ pub struct RoutingTable {
 
 impl RoutingTable {
     pub fn new(snapshot: WeightSnapshot) -> RoutingTable {
+        RoutingTable::restricted(snapshot, None)
+    }
+
+    /// A table that picks only among `known` channels (those the gateway
+    /// can reach): a weight on any other channel is left out and the rest
+    /// renormalised; a class left with none has no route.
+    pub fn restricted(snapshot: WeightSnapshot, known: Option<&BTreeSet<String>>) -> RoutingTable {
         let mut classes: [Option<AliasTable>; 4] = Default::default();
         let mut shed = [0.0; 4];
         for class in TrafficClass::ALL {
             if let Some(c) = snapshot.classes.get(class.as_str()) {
-                let w: Vec<(String, f64)> =
-                    c.weights.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                let w: Vec<(String, f64)> = c
+                    .weights
+                    .iter()
+                    .filter(|(k, _)| known.is_none_or(|known| known.contains(*k)))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect();
                 classes[class.index()] = AliasTable::new(&w);
                 shed[class.index()] = c.shed.clamp(0.0, 1.0);
             }
@@ -96,6 +113,49 @@ impl RoutingTable {
             classes,
             shed,
         }
+    }
+
+    /// The gateway's static table as a routing table (epoch 0, which no
+    /// snapshot Hermes writes has; no shed share), or `None` when `table`
+    /// names no class.
+    pub fn from_static(
+        group: &str,
+        table: &StaticWeights,
+        known: Option<&BTreeSet<String>>,
+    ) -> Option<RoutingTable> {
+        if table.is_empty() {
+            return None;
+        }
+        let classes = TrafficClass::ALL
+            .iter()
+            .filter_map(|c| {
+                let w = table.get(c.as_str()).or_else(|| table.get("*"))?;
+                Some((
+                    c.as_str().to_string(),
+                    ClassWeights {
+                        weights: w.clone(),
+                        shed: 0.0,
+                    },
+                ))
+            })
+            .collect();
+        let snapshot = WeightSnapshot {
+            group: group.to_string(),
+            version: 0,
+            epoch: 0,
+            computed_at_ms: 0,
+            heartbeat_ms: 0,
+            manual: false,
+            projected_spend_per_hour: 0.0,
+            classes,
+            channels: BTreeMap::new(),
+        };
+        Some(RoutingTable::restricted(snapshot, known))
+    }
+
+    /// Whether this is the gateway's static table rather than a snapshot.
+    pub fn is_static(&self) -> bool {
+        self.snapshot.epoch == 0
     }
 
     /// The channel to name in the event a gateway emits for a request of

@@ -60,6 +60,7 @@ fn fast_client() -> ClientOptions {
         refresh_interval: Duration::from_millis(500),
         timeout: Duration::from_millis(500),
         max_backoff: Duration::from_millis(300),
+        ..ClientOptions::default()
     }
 }
 

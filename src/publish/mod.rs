@@ -116,6 +116,43 @@ impl WeightSnapshot {
     pub fn is_older_than(&self, other: &WeightSnapshot) -> bool {
         (self.epoch, self.version) < (other.epoch, other.version)
     }
+
+    /// The ranges `schemas/weight_snapshot.schema.json` sets that JSON
+    /// parsing alone does not check: a reader refuses a snapshot that fails
+    /// here rather than route by it.
+    pub fn check(&self) -> Result<(), String> {
+        let unit = |x: f64| (0.0..=1.0).contains(&x);
+        let non_negative = |x: f64| (0.0..=f64::MAX).contains(&x);
+        if self.group.is_empty() {
+            return Err("group: empty".into());
+        }
+        if self.epoch < 1 {
+            return Err("epoch: below 1".into());
+        }
+        if !non_negative(self.projected_spend_per_hour) {
+            return Err("projected_spend_per_hour: not a non-negative number".into());
+        }
+        for (class, c) in &self.classes {
+            if !crate::event::TrafficClass::ALL
+                .iter()
+                .any(|k| k.as_str() == class)
+            {
+                return Err(format!("classes/{class}: not a traffic class"));
+            }
+            if !unit(c.shed) {
+                return Err(format!("classes/{class}/shed: {} not in [0, 1]", c.shed));
+            }
+            if let Some((ch, w)) = c.weights.iter().find(|(_, w)| !unit(**w)) {
+                return Err(format!("classes/{class}/weights/{ch}: {w} not in [0, 1]"));
+            }
+        }
+        for (id, c) in &self.channels {
+            if c.score.is_some_and(|s| !unit(s)) || !non_negative(c.planned_rps) {
+                return Err(format!("channels/{id}: score or planned_rps out of range"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a fenced write did.
