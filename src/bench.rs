@@ -405,10 +405,10 @@ fn step(
     ev: &RequestEvent<'_>,
     hint: Hint,
     offset: i64,
-    (skew, wall): (i64, i64),
+    wall: i64,
     at: Instant,
 ) {
-    let _ = part.apply_hinted(ev, hint, offset, wall, skew);
+    let _ = part.apply_hinted(ev, hint, offset, wall);
     part.handled(offset, at);
     let out = part.outputs("bench", || wall);
     // The alert schema is not registered in the bench: plain Avro.
@@ -416,13 +416,13 @@ fn step(
 }
 
 /// A batch of records through the partition in order, hinting the memory
-/// of the records ahead as the request loop does. `clock`: the allowed
-/// skew and the wall time (ms) the batch is handled at.
+/// of the records ahead as the request loop does. `wall`: the wall time
+/// (ms) the batch is handled at.
 fn apply_batch(
     (part, metrics): (&mut Partition, &Metrics),
     batch: &[RequestEvent<'_>],
     offset: &mut i64,
-    clock: (i64, i64),
+    wall: i64,
 ) {
     // One clock reading per batch, as the request loop takes it.
     let at = Instant::now();
@@ -438,7 +438,7 @@ fn apply_batch(
             ev,
             hints[i % PAUSE_BATCH],
             *offset,
-            clock,
+            wall,
             at,
         );
         *offset += 1;
@@ -475,7 +475,6 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         start: 0,
         replay_floor_ms: 0,
     };
-    let skew = cfg.engine.clock_skew_ms();
     // The service's default duplicate horizon (`service.dedup_horizon_ms`).
     let dedup_ms = crate::config::ServiceConfig::default().dedup_horizon_ms;
     // What a partition costs for configured channels whose events go to
@@ -502,7 +501,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             batch.clear();
             batch.extend((start..end).map(|i| traffic.event(&sec, i)));
             let wall = sec.arrival_ms(end - 1, per_second);
-            apply_batch((&mut part, &metrics), &batch, &mut offset, (skew, wall));
+            apply_batch((&mut part, &metrics), &batch, &mut offset, wall);
         }
     }
     let decoder = Decoder::new(WireFormat::Plain);
@@ -546,12 +545,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
                     .iter()
                     .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
             );
-            apply_batch(
-                (&mut part, &metrics),
-                &events_of_batch,
-                &mut offset,
-                (skew, wall),
-            );
+            apply_batch((&mut part, &metrics), &events_of_batch, &mut offset, wall);
             let took = started.elapsed();
             let cpu = cpu_between(cpu_started, thread_cpu_time());
             if let Some(cpu) = cpu {

@@ -16,6 +16,7 @@
 //! [`SnapshotView`] is that algorithm without I/O; the conformance cases in
 //! `schemas/conformance/` run against it and against the Python client.
 
+use crate::backoff::Backoff;
 use crate::publish::{changed_channel, redact_url, snapshot_key, WeightSnapshot};
 use crate::routing::{RoutingTable, StaticWeights};
 use futures_util::StreamExt;
@@ -270,7 +271,7 @@ async fn run(
 ) {
     let key = snapshot_key(&group);
     let channel = changed_channel(&group);
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::SHORT.capped(opts.max_backoff);
     loop {
         let session = async {
             let cfg = redis::AsyncConnectionConfig::new()
@@ -289,6 +290,7 @@ async fn run(
                 .await
                 .map_err(|e| e.to_string())?;
             read_once(&mut conn, &key, &shared).await?;
+            backoff.reset();
             let mut messages = pubsub.into_on_message();
             let mut tick = tokio::time::interval(opts.refresh_interval);
             tick.tick().await;
@@ -308,7 +310,6 @@ async fn run(
             shared.read_errors.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(redis = %url, group = %group, error = %e, "weight client lost redis; serving the last snapshot");
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(opts.max_backoff);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }

@@ -495,6 +495,17 @@ impl Engine {
         self.apply_against(ev, crate::clock::Reference::Wall(wall_ms), hint, out)
     }
 
+    /// Refuses an event stamped too far ahead of the wall clock, as
+    /// [`Engine::apply_live`] would, without applying it: for a caller that
+    /// keys its own state by event time (dedup) before applying.
+    pub fn check_live_clock(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+    ) -> Result<(), ApplyError> {
+        self.check_clock(ev, crate::clock::Reference::Wall(wall_ms))
+    }
+
     /// Refuses an event stamped too far ahead of `reference` (`clock`).
     fn check_clock(
         &mut self,

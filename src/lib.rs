@@ -49,6 +49,7 @@
 //!   (pure), and `publish::redis`, the fenced Lua write with retries.
 //! - `client`: the gateway-side reader: the snapshot from Redis, kept fresh.
 //! - `wall_clock`: the shell's one wall clock.
+//! - `backoff`: the retry delay every adapter's retry loop uses.
 //! - `service`: `hermes run`: the request loop (one engine per owned
 //!   partition, restore and replay, dead letters, alerts, health reports),
 //!   the group writers, the state store, the registry client, metrics.
@@ -65,6 +66,7 @@
 
 pub mod alert;
 pub mod allocator;
+pub mod backoff;
 pub mod bench;
 pub mod board;
 pub mod channel_report;

@@ -38,6 +38,7 @@ const CORE: &[&str] = &[
 /// The imperative shell: I/O, threads, wall time.
 const SHELL: &[&str] = &[
     "allocator",
+    "backoff",
     "bench",
     "channel_report",
     "client",

@@ -169,7 +169,8 @@ impl RedisPublisher {
     /// heartbeat), retrying transient failures with backoff.
     pub async fn write(&mut self, snap: &WeightSnapshot) -> Result<WriteOutcome, PublishError> {
         let json = serde_json::to_string(snap).map_err(|e| PublishError::Encode(e.to_string()))?;
-        let mut delay = self.opts.backoff;
+        // Doubling per attempt; `max_attempts` bounds it.
+        let mut delay = crate::backoff::Backoff::new(self.opts.backoff, Duration::MAX);
         let mut attempt = 1;
         loop {
             match self.write_once(snap, &json).await {
@@ -189,8 +190,7 @@ impl RedisPublisher {
                 }
                 Err(e) if e.is_retryable() && attempt < self.opts.max_attempts => {
                     tracing::debug!(redis = %self.url_for_logs, attempt, error = %e, "retrying snapshot write");
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
+                    tokio::time::sleep(delay.next_delay()).await;
                     attempt += 1;
                 }
                 Err(e) => {

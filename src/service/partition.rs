@@ -13,6 +13,7 @@ use super::metrics::{ChannelGauges, Metrics};
 use super::overrides::Overrides;
 use super::state_store::{SavedState, StateWrite};
 use crate::alert::AlertEvent;
+use crate::backoff::Backoff;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
@@ -220,7 +221,7 @@ pub struct Partition {
 struct RegistryWait {
     offset: i64,
     until: Instant,
-    backoff: std::time::Duration,
+    backoff: Backoff,
     resumed: bool,
 }
 
@@ -286,20 +287,19 @@ impl Partition {
         self.active && offset >= self.next_offset && !waiting
     }
 
-    /// Pauses at `offset` for the schema registry; the backoff (1 s,
-    /// doubling to 30 s while it stays down) is returned.
+    /// Pauses at `offset` for the schema registry; the delay
+    /// ([`Backoff::LONG`]: 1 s, doubling to 30 s while it stays down) is
+    /// returned.
     pub fn pause_at(&mut self, offset: i64) -> std::time::Duration {
-        use std::time::Duration;
-        let backoff = self.registry_wait.map_or(Duration::from_secs(1), |w| {
-            (w.backoff * 2).min(Duration::from_secs(30))
-        });
+        let mut backoff = self.registry_wait.map_or(Backoff::LONG, |w| w.backoff);
+        let delay = backoff.next_delay();
         self.registry_wait = Some(RegistryWait {
             offset,
-            until: Instant::now() + backoff,
+            until: Instant::now() + delay,
             backoff,
             resumed: false,
         });
-        backoff
+        delay
     }
 
     /// Whether a registry pause is over (then it is marked resumed: the
@@ -352,17 +352,16 @@ impl Partition {
     }
 
     /// Applies one decoded record read at `offset`, at wall time `wall_ms`.
-    /// A record stamped more than `clock_skew_ms` ahead of the wall clock is
-    /// refused before dedup (a far-future time would expire every remembered
-    /// id); the engine refuses it the same way.
+    /// A record the engine's clock check refuses (stamped too far ahead of
+    /// the wall clock) is refused before dedup: a far-future time would
+    /// expire every remembered id.
     pub fn apply(
         &mut self,
         ev: &RequestEvent,
         offset: i64,
         wall_ms: i64,
-        clock_skew_ms: i64,
     ) -> Result<Applied, Refused> {
-        self.apply_hinted(ev, Hint::default(), offset, wall_ms, clock_skew_ms)
+        self.apply_hinted(ev, Hint::default(), offset, wall_ms)
     }
 
     /// [`Partition::apply`] with what hinting this record looked up
@@ -373,7 +372,6 @@ impl Partition {
         hint: Hint,
         offset: i64,
         wall_ms: i64,
-        clock_skew_ms: i64,
     ) -> Result<Applied, Refused> {
         let replayed = self.replays(offset);
         if replayed && ev.event_time_ms < self.replay_floor_ms {
@@ -383,20 +381,7 @@ impl Partition {
             kind: e.kind(),
             reason: e.to_string(),
         };
-        if crate::clock::is_ahead(ev.event_time_ms, wall_ms, clock_skew_ms) {
-            return Err(
-                match self
-                    .engine
-                    .apply_live_hinted(ev, wall_ms, hint.channel, &mut self.alerts)
-                {
-                    Err(e) => refused(e),
-                    Ok(()) => Refused {
-                        kind: "future_timestamp",
-                        reason: "stamped ahead of the wall clock".into(),
-                    },
-                },
-            );
-        }
+        self.engine.check_live_clock(ev, wall_ms).map_err(refused)?;
         let fingerprint = match hint.fingerprint {
             0 => self
                 .dedup
@@ -652,17 +637,14 @@ mod tests {
         let mut p = partition(0);
         let t = 1_764_000_000_000;
         let e = event("free-a", t, "e1");
-        assert_eq!(
-            p.apply(&e, 0, t, 60_000),
-            Ok(Applied::Applied { replayed: false })
-        );
+        assert_eq!(p.apply(&e, 0, t), Ok(Applied::Applied { replayed: false }));
         p.handled(0, Instant::now());
-        assert_eq!(p.apply(&e, 1, t, 60_000), Ok(Applied::Duplicate));
+        assert_eq!(p.apply(&e, 1, t), Ok(Applied::Duplicate));
         let ahead = event("free-a", t + 3_600_000, "e2");
-        let r = p.apply(&ahead, 2, t, 60_000).unwrap_err();
+        let r = p.apply(&ahead, 2, t).unwrap_err();
         assert_eq!(r.kind, "future_timestamp");
         let unknown = event("nope", t, "e3");
-        assert!(p.apply(&unknown, 3, t, 60_000).is_err());
+        assert!(p.apply(&unknown, 3, t).is_err());
     }
 
     /// A batch applied with what its look-ahead found gets the verdicts it
@@ -696,12 +678,8 @@ mod tests {
         for (i, (e, h)) in batch.iter().zip(&hints).enumerate() {
             hinted.prefetch_windows(e, h);
             let offset = i as i64;
-            let want = plain.apply(e, offset, t, 60_000);
-            assert_eq!(
-                hinted.apply_hinted(e, *h, offset, t, 60_000),
-                want,
-                "record {i}"
-            );
+            let want = plain.apply(e, offset, t);
+            assert_eq!(hinted.apply_hinted(e, *h, offset, t), want, "record {i}");
             plain.handled(offset, Instant::now());
             hinted.handled(offset, Instant::now());
         }
@@ -719,13 +697,13 @@ mod tests {
         // Replaying (below resume_at): the alert the pin raised is the
         // previous owner's to have produced.
         let mut p = partition(10);
-        p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
+        p.apply(&event("free-a", t, "e1"), 0, t).unwrap();
         p.handled(0, Instant::now());
         assert!(p.pin("free-a", Some(pin), ""));
         assert!(p.outputs("i", || 0).alerts.is_empty());
         // Live: the same pin is an OVERRIDE alert out.
         let mut p = partition(0);
-        p.apply(&event("free-a", t, "e1"), 0, t, 60_000).unwrap();
+        p.apply(&event("free-a", t, "e1"), 0, t).unwrap();
         p.handled(0, Instant::now());
         assert!(p.pin("free-a", Some(pin), ""));
         assert!(!p.pin("paid-a", Some(pin), ""), "not carried here");
@@ -751,7 +729,7 @@ mod tests {
                 e.error_class = crate::event::ErrorClass::ServerError;
                 e.http_status = 503;
             }
-            p.apply(&e, o as i64, t, 60_000).unwrap();
+            p.apply(&e, o as i64, t).unwrap();
             p.handled(o as i64, Instant::now());
             alerts.extend(p.outputs("i", || 0).alerts);
         }
@@ -786,8 +764,7 @@ mod tests {
         assert!(!p.caught_up());
         for (o, id) in ["e1", "e2", "e3"].into_iter().enumerate() {
             let t = 1_764_000_000_000 + o as i64;
-            p.apply(&event("free-a", t, id), o as i64, t, 60_000)
-                .unwrap();
+            p.apply(&event("free-a", t, id), o as i64, t).unwrap();
             p.handled(o as i64, Instant::now());
         }
         assert!(p.caught_up());

@@ -232,7 +232,7 @@ pub async fn register_schemas(
     ];
     let mut ids = Vec::new();
     for (subject, schema) in subjects {
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = crate::backoff::Backoff::LONG;
         loop {
             let r = registry.clone();
             let sub = subject.clone();
@@ -255,12 +255,11 @@ pub async fn register_schemas(
                         registry.url(),
                         Some(e.to_string()),
                     );
-                    tracing::warn!(%subject, error = %e, retry_in_s = backoff.as_secs(), "schema not registered yet");
+                    tracing::warn!(%subject, error = %e, retry_in_s = backoff.peek().as_secs(), "schema not registered yet");
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         anyhow::bail!("stopped before {subject} was registered");
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }

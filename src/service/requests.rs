@@ -812,7 +812,6 @@ impl LoopState {
             return Ok(());
         }
         let replaying = part.replays(offset);
-        let skew = self.cfg.engine.clock_skew_ms();
         let decoded = match pre {
             Some(d) => d,
             None => self.decode(decoder, m.payload().unwrap_or(&[])),
@@ -822,7 +821,7 @@ impl LoopState {
             Decoded::Refused(r) => Err(r),
             Decoded::Event(ev) => {
                 let part = self.partitions.get_mut(&p).expect("checked above");
-                part.apply_hinted(&ev, hint, offset, wall, skew)
+                part.apply_hinted(&ev, hint, offset, wall)
             }
         };
         match &verdict {
@@ -977,7 +976,7 @@ mod tests {
             e.event_time_ms = t0 + offset as i64 * 10;
             e.error_class = crate::event::ErrorClass::ServerError;
             e.http_status = 503;
-            p.apply(&e, offset as i64, e.event_time_ms, 60_000).unwrap();
+            p.apply(&e, offset as i64, e.event_time_ms).unwrap();
             p.handled(offset as i64, Instant::now());
         }
         let _ = p.outputs("test", || t0);

@@ -9,6 +9,7 @@
 //! wins) on a background task that retries with backoff while Redis is
 //! down; the consumer never waits for them.
 
+use crate::backoff::Backoff;
 use crate::publish::redact_url;
 pub use crate::redis_keys::state_key;
 use crate::redis_keys::KEEP_NEWEST_LUA;
@@ -99,7 +100,7 @@ async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrit
     let script = redis::Script::new(KEEP_NEWEST_LUA);
     let mut pending: BTreeMap<(String, String), SavedState> = BTreeMap::new();
     let mut conn: Option<redis::aio::MultiplexedConnection> = None;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::SHORT;
     loop {
         if pending.is_empty() {
             match rx.recv().await {
@@ -117,8 +118,7 @@ async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrit
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::warn!(redis = %url, error = %e, queued = pending.len(), "state store unreachable; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
             }
@@ -146,10 +146,9 @@ async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrit
         }
         if failed {
             conn = None;
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            tokio::time::sleep(backoff.next_delay()).await;
         } else {
-            backoff = Duration::from_millis(100);
+            backoff.reset();
         }
     }
 }

@@ -60,7 +60,7 @@ pub async fn ensure(
         }
     };
     let target = k.brokers.clone();
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = crate::backoff::Backoff::LONG;
     while !stop.load(Ordering::Relaxed) {
         let missing = tokio::task::block_in_place(|| missing_topics(&admin, &k));
         match missing {
@@ -89,8 +89,7 @@ pub async fn ensure(
             // The broker cannot be asked: readiness says so through `kafka`.
             Err(e) => tracing::debug!(error = %e, "topics not checked yet"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
