@@ -35,9 +35,10 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// The request partitions this instance owns, as the request loop last
 /// saw them, and how many the topic has.
@@ -152,11 +153,11 @@ fn health_consumer(rt: &Runtime) -> anyhow::Result<HealthConsumer> {
 async fn connect_health(
     rt: &Runtime,
     metrics: &Metrics,
-    stop: &AtomicBool,
+    stop: &CancellationToken,
 ) -> Option<HealthConsumer> {
     use super::metrics::Dependency;
     let target = format!("{} ({})", rt.kafka.brokers, rt.kafka.health_topic);
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = crate::backoff::Backoff::LONG;
     loop {
         match tokio::task::block_in_place(|| health_consumer(rt)) {
             Ok(c) => {
@@ -172,14 +173,10 @@ async fn connect_health(
                     .set(Dependency::HealthTopic, &target, problem);
             }
         }
-        let deadline = tokio::time::Instant::now() + backoff;
-        while tokio::time::Instant::now() < deadline {
-            if stop.load(Ordering::Relaxed) {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -469,7 +466,7 @@ pub struct GroupLoopParts {
     pub ownership: Arc<Ownership>,
     pub sink: WeightSink,
     pub metrics: Arc<Metrics>,
-    pub stop: Arc<AtomicBool>,
+    pub stop: CancellationToken,
     /// The operators' desired overrides (freezes are carried out here).
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Where the writers' OVERRIDE alerts go.
@@ -513,8 +510,9 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         metrics,
     };
     let mut round = tokio::time::interval(Duration::from_millis(ROUND_MS as u64));
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         tokio::select! {
+            _ = stop.cancelled() => break,
             m = consumer.recv() => {
                 let m = match m {
                     Ok(m) => m,

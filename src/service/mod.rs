@@ -42,7 +42,8 @@ use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -164,7 +165,7 @@ pub struct Service {
     pub metrics: Arc<metrics::Metrics>,
     /// Operator overrides: set, clear, list (the control API's back end).
     pub control: Arc<overrides::Control>,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     done: tokio::sync::mpsc::UnboundedReceiver<(&'static str, anyhow::Result<()>)>,
     request_threads: Vec<std::thread::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -193,7 +194,7 @@ impl Service {
         }
         let runtime = Arc::new(runtime);
         let metrics = Arc::new(metrics::Metrics::default());
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
         let mut tasks = Vec::new();
         let control = Arc::new(overrides::Control::new(
@@ -233,7 +234,7 @@ impl Service {
             tasks.push(tokio::spawn(http::serve(l, api)));
         }
         // Alerts carry the registered id from the first one on.
-        let registered = registry::register_schemas(&runtime.kafka, &metrics, &stop).await?;
+        let registered = registry::register_schemas(&runtime.kafka, &metrics, stop.clone()).await?;
         tasks.push(tokio::spawn(topics::ensure(
             runtime.kafka.clone(),
             metrics.clone(),
@@ -322,13 +323,14 @@ impl Service {
 
     /// Stops every loop: the request loop commits what it handled first.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         for t in std::mem::take(&mut self.request_threads) {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
         for t in &self.tasks {
             t.abort();
         }
+        log_stop(&self.metrics);
         // A loop that failed on its way out says so.
         while let Ok((what, r)) = self.done.try_recv() {
             r.with_context(|| format!("{what} failed"))?;
@@ -352,6 +354,23 @@ fn log_start(instance: &str, file: &ConfigFile) {
         channels = cfg.channels().count(),
         allocator = %crate::allocator::describe(),
         "hermes starting"
+    );
+}
+
+/// What this instance handled over its life, once its request loops
+/// stopped: a rolling upgrade's accounting (records of a partition that
+/// moved are counted by each owner that applied them).
+fn log_stop(m: &metrics::Metrics) {
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    tracing::info!(
+        consumed = n(&m.events_consumed),
+        applied = n(&m.events_applied),
+        replayed = n(&m.events_replayed),
+        duplicates = n(&m.duplicates),
+        too_late = n(&m.too_late),
+        dead_lettered = m.dead_letters_total(),
+        commits = n(&m.commits),
+        "hermes stopped"
     );
 }
 

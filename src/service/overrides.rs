@@ -453,13 +453,16 @@ impl Control {
 pub async fn sync(
     control: Arc<Control>,
     every: Duration,
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
         match control.refresh().await {
             Ok(()) => {
                 if failing {

@@ -213,7 +213,7 @@ pub struct Registered {
 pub async fn register_schemas(
     kafka: &KafkaConfig,
     metrics: &super::metrics::Metrics,
-    stop: &std::sync::atomic::AtomicBool,
+    stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Registered> {
     use super::metrics::Dependency;
     if !kafka.frames_alerts() {
@@ -256,10 +256,10 @@ pub async fn register_schemas(
                         Some(e.to_string()),
                     );
                     tracing::warn!(%subject, error = %e, retry_in_s = backoff.peek().as_secs(), "schema not registered yet");
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        anyhow::bail!("stopped before {subject} was registered");
+                    tokio::select! {
+                        _ = stop.cancelled() => anyhow::bail!("stopped before {subject} was registered"),
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }

@@ -48,7 +48,7 @@ use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,7 +76,7 @@ pub struct LoopParts {
     pub rt: tokio::runtime::Handle,
     pub metrics: Arc<Metrics>,
     pub instance: String,
-    pub stop: Arc<AtomicBool>,
+    pub stop: tokio_util::sync::CancellationToken,
     /// The operators' desired overrides (pins are carried out here).
     pub overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// Alerts are Confluent-framed with this id (registered at start).
@@ -104,7 +104,7 @@ struct LoopState {
     rt: tokio::runtime::Handle,
     metrics: Arc<Metrics>,
     instance: String,
-    stop: Arc<AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
     /// Which request loop of the instance this is.
     lane: usize,
     /// DECODE_ERROR_SPIKE over every record this instance reads.
@@ -340,7 +340,7 @@ impl LoopState {
         let mut next_commit = Instant::now();
         let mut next_housekeeping = Instant::now();
         let mut batch = Vec::with_capacity(POLL_BATCH);
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.is_cancelled() {
             let polled = consumer.poll(Duration::from_millis(100));
             self.handle_rebalances(consumer);
             match polled {

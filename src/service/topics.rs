@@ -15,7 +15,6 @@ use super::metrics::{Dependency, Metrics};
 use crate::config::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::types::RDKafkaErrorCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// One topic Hermes uses, and how it would create it.
@@ -48,7 +47,7 @@ pub fn specs(k: &KafkaConfig) -> Vec<TopicSpec> {
 pub async fn ensure(
     k: KafkaConfig,
     metrics: std::sync::Arc<Metrics>,
-    stop: std::sync::Arc<AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let admin: AdminClient<QuietContext> = match kafka::client_config(&k)
         .create_with_context(QuietContext::named("admin"))
@@ -61,7 +60,7 @@ pub async fn ensure(
     };
     let target = k.brokers.clone();
     let mut backoff = crate::backoff::Backoff::LONG;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_cancelled() {
         let missing = tokio::task::block_in_place(|| missing_topics(&admin, &k));
         match missing {
             Ok(m) if m.is_empty() => {
@@ -89,7 +88,10 @@ pub async fn ensure(
             // The broker cannot be asked: readiness says so through `kafka`.
             Err(e) => tracing::debug!(error = %e, "topics not checked yet"),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+        }
     }
 }
 
