@@ -59,10 +59,11 @@
 //!   dedup, engine, outputs) with windows full, for capacity planning.
 //! - `channel_report`: `hermes report`, the weekly channel report from
 //!   the alert stream (Markdown and a self-contained HTML page).
-//! - `ctl`: `hermes ctl`, the control API's client (pins, freezes).
 //! - `allocator`: jemalloc as the process's allocator, its memory in huge
 //!   pages (speed only).
-//! - `main.rs`: the CLI.
+//! - `main.rs` and `src/cli/`: the command line (a binary-only module
+//!   tree, one file per command with its arguments and its `run`; the
+//!   control API's client is there too).
 
 pub mod alert;
 pub mod allocator;
@@ -75,7 +76,6 @@ pub mod clock;
 pub mod codec;
 pub mod composition;
 pub mod config;
-pub mod ctl;
 pub mod dedup;
 pub mod demo;
 pub mod digest;

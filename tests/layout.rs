@@ -42,7 +42,6 @@ const SHELL: &[&str] = &[
     "bench",
     "channel_report",
     "client",
-    "ctl",
     "demo",
     "service",
     "wall_clock",

@@ -43,9 +43,9 @@ use crate::publish::redact_url;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// Validates what `hermes run` needs beyond a valid engine config.
 pub fn check_runnable(rt: &Runtime) -> Result<(), crate::config::ConfigError> {

@@ -6,12 +6,10 @@
 use super::overrides::{Action, Overrides};
 use super::state_store::SavedState;
 use crate::publish::WeightSnapshot;
-use crate::redis_keys::{snapshot_key, state_key, OVERRIDES_KEY};
 use crate::wall_clock::{age, utc};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::time::Duration;
 
 /// One route group.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -204,7 +202,7 @@ impl StatusView {
     }
 
     /// Rows from a group's snapshot and its saved state machines.
-    fn add_group(
+    pub fn add_group(
         &mut self,
         group: &str,
         snap: Option<WeightSnapshot>,
@@ -268,86 +266,9 @@ pub fn describe_pin(p: &crate::state::Pin) -> String {
     }
 }
 
-/// The group of a `hermes:{GROUP}:…` key.
-fn group_of(key: &str) -> Option<&str> {
-    key.strip_prefix("hermes:{")?
-        .split_once("}:")
-        .map(|(g, _)| g)
-}
-
-/// The fleet as Redis holds it: every group with a snapshot or saved state
-/// machines, every channel in them, and the overrides. Needs no instance.
-pub async fn from_redis(url: &str) -> anyhow::Result<StatusView> {
-    let client = redis::Client::open(url)
-        .map_err(|e| anyhow::anyhow!("bad redis url {}: {e}", crate::publish::redact_url(url)))?;
-    let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(3)))
-        .set_response_timeout(Some(Duration::from_secs(3)));
-    let mut c = client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await
-        .map_err(|e| anyhow::anyhow!("redis {}: {e}", crate::publish::redact_url(url)))?;
-    let mut groups = BTreeSet::new();
-    for pattern in ["hermes:{*}:weights", "hermes:{*}:state"] {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut c)
-                .await?;
-            groups.extend(keys.iter().filter_map(|k| group_of(k)).map(str::to_string));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-    }
-    let mut view = StatusView {
-        source: format!("hermes status: redis {}", crate::publish::redact_url(url)),
-        generated_ms: crate::wall_clock::now_ms(),
-        ..Default::default()
-    };
-    for group in groups {
-        let raw: Option<String> = redis::cmd("GET")
-            .arg(snapshot_key(&group))
-            .query_async(&mut c)
-            .await?;
-        let snap = raw.and_then(|r| serde_json::from_str::<WeightSnapshot>(&r).ok());
-        let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
-            .arg(state_key(&group))
-            .query_async(&mut c)
-            .await?;
-        let machines = fields
-            .into_iter()
-            .filter_map(|(ch, json)| {
-                serde_json::from_str::<SavedState>(&json)
-                    .ok()
-                    .map(|s| (ch, s))
-            })
-            .collect();
-        view.add_group(&group, snap, machines);
-    }
-    let overrides: BTreeMap<String, String> = redis::cmd("HGETALL")
-        .arg(OVERRIDES_KEY)
-        .query_async(&mut c)
-        .await?;
-    Ok(view.with_overrides(&Overrides::from_fields(overrides)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_name_their_group() {
-        assert_eq!(group_of("hermes:{chat}:weights"), Some("chat"));
-        assert_eq!(group_of("hermes:{a:b}:state"), Some("a:b"));
-        assert_eq!(group_of("other"), None);
-    }
 
     #[test]
     fn the_table_explains_itself_and_shows_ages_and_reasons() {

@@ -1,4 +1,4 @@
-//! `hermes ctl`: the control API's client (`service::http`), for operators.
+//! The control API's client (`service::http`), for `hermes ctl`.
 //!
 //! Every change goes to one instance over HTTP with the bearer token; that
 //! instance stores it in Redis (`hermes:overrides`) and every instance picks
@@ -6,7 +6,7 @@
 //! request is blocking (`ureq`, already the registry client): one call, then
 //! the process ends.
 
-use crate::service::overrides::{Action, Request};
+use hermes::service::overrides::{Action, Request};
 use std::time::Duration;
 
 /// Where the API is and who is asking.
@@ -211,7 +211,7 @@ pub fn render_list(v: &serde_json::Value) -> String {
             let until = o
                 .get("expires_ms")
                 .and_then(|e| e.as_i64())
-                .map_or("until cleared".to_string(), crate::wall_clock::utc);
+                .map_or("until cleared".to_string(), hermes::wall_clock::utc);
             let s = |k: &str| o.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
             out.push_str(&format!(
                 "{kind:<8} {id:<20} {action:<16} {:<14} {until:<22} {}\n",
