@@ -479,6 +479,30 @@ pub struct GroupLoopParts {
     pub alert_schema_id: Option<u32>,
 }
 
+impl GroupLoopParts {
+    /// The group writers beside the request loops built from `parts`: the
+    /// same config, ownership, producer, overrides and stop signal.
+    pub fn beside(
+        parts: &super::requests::LoopParts,
+        sink: WeightSink,
+        local_reports: tokio::sync::mpsc::Receiver<HealthReport>,
+    ) -> GroupLoopParts {
+        GroupLoopParts {
+            cfg_rx: parts.cfg_rx.clone(),
+            runtime: parts.runtime.clone(),
+            ownership: parts.ownership.clone(),
+            sink,
+            metrics: parts.metrics.clone(),
+            stop: parts.stop.clone(),
+            overrides: parts.overrides.clone(),
+            producer: parts.producer.clone(),
+            local_reports,
+            instance: parts.instance.clone(),
+            alert_schema_id: parts.alert_schema_id,
+        }
+    }
+}
+
 pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
     let GroupLoopParts {
         mut cfg_rx,

@@ -189,50 +189,16 @@ impl Service {
             runtime,
             warnings,
         } = file;
-        for w in &warnings {
-            tracing::warn!(config = ?config_path, "{w}");
-        }
+        warnings
+            .iter()
+            .for_each(|w| tracing::warn!(config = ?config_path, "{w}"));
         let runtime = Arc::new(runtime);
         let metrics = Arc::new(metrics::Metrics::default());
         let stop = CancellationToken::new();
         let (cfg_tx, cfg_rx) = tokio::sync::watch::channel(Arc::new(cfg.clone()));
         let mut tasks = Vec::new();
-        let control = Arc::new(overrides::Control::new(
-            match &store {
-                Store::Redis => overrides::Store::redis(&runtime.redis.url)?,
-                Store::InProcess(_) => overrides::Store::InProcess(Default::default()),
-            },
-            cfg_rx.clone(),
-            runtime.service.override_tombstone_ms,
-        ));
-        // Before the loops start, so a group taken over is frozen before
-        // its first write; Redis down: the sync task keeps trying.
-        if let Err(e) = control.refresh().await {
-            tracing::warn!(error = %e, "operator overrides not read yet; retrying");
-        }
-        tasks.push(tokio::spawn(overrides::sync(
-            control.clone(),
-            Duration::from_millis(runtime.service.override_poll_ms as u64),
-            stop.clone(),
-        )));
-        let listen = &runtime.service.http_listen;
-        let mut http_addr = None;
-        if !listen.is_empty() {
-            let l = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
-            let addr = l
-                .local_addr()
-                .with_context(|| format!("binding {listen}"))?;
-            http_addr = Some(addr);
-            tracing::info!(listen = %addr, "serving /metrics, /status, /healthz, /readyz and /v1/overrides");
-            let api = http::Api {
-                metrics: metrics.clone(),
-                control: control.clone(),
-                token: runtime.service.control_token(),
-            };
-            tasks.push(tokio::spawn(http::serve(l, api)));
-        }
+        let control = start_control(&store, &runtime, &cfg_rx, &stop, &mut tasks).await?;
+        let http_addr = serve_http(&runtime, &metrics, &control, &mut tasks).await?;
         // Alerts carry the registered id from the first one on.
         let registered = registry::register_schemas(&runtime.kafka, &metrics, stop.clone()).await?;
         tasks.push(tokio::spawn(topics::ensure(
@@ -248,57 +214,36 @@ impl Service {
                 metrics.clone(),
             )));
         }
-        let (state_store, sink) = match &store {
-            Store::Redis => (
-                Some(state_store::StateStore::start(&runtime.redis.url)?),
-                groups::redis_sink(&runtime)?,
-            ),
-            Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),
-        };
-        let ownership = Arc::new(groups::Ownership::default());
-        let producer = kafka::output_producer(&runtime.kafka, metrics.clone())
-            .context("creating the producer")?;
-        let producer = Arc::new(producer);
+        let (state_store, sink) = stores(&store, &runtime)?;
+        let producer = Arc::new(
+            kafka::output_producer(&runtime.kafka, metrics.clone())
+                .context("creating the producer")?,
+        );
         // Health reports for this process's writers; they are small and
         // few (one per group and partition per tick, and one per state
         // change), so this holds minutes of them.
         let (local_tx, local_rx) = tokio::sync::mpsc::channel(LOCAL_REPORTS);
-        let dead_letters = Arc::new(std::sync::Mutex::new(crate::alert::DeadLetterRule::new(
-            cfg.alerts.clone(),
-        )));
-        let request_loops = (0..runtime.service.request_loops())
-            .map(|lane| {
-                requests::RequestLoop::new(requests::LoopParts {
-                    cfg_rx: cfg_rx.clone(),
-                    runtime: runtime.clone(),
-                    ownership: ownership.clone(),
-                    store: state_store.clone(),
-                    producer: producer.clone(),
-                    rt: tokio::runtime::Handle::current(),
-                    metrics: metrics.clone(),
-                    instance: instance.clone(),
-                    stop: stop.clone(),
-                    overrides: control.subscribe(),
-                    alert_schema_id: registered.alert_schema_id,
-                    local_reports: local_tx.clone(),
-                    lane,
-                    dead_letters: dead_letters.clone(),
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let group_loop = groups::GroupLoopParts {
+        let parts = requests::LoopParts {
             cfg_rx,
-            runtime,
-            ownership,
-            sink,
+            runtime: runtime.clone(),
+            ownership: Arc::new(groups::Ownership::default()),
+            store: state_store,
+            producer,
+            rt: tokio::runtime::Handle::current(),
             metrics: metrics.clone(),
+            instance,
             stop: stop.clone(),
             overrides: control.subscribe(),
             alert_schema_id: registered.alert_schema_id,
-            producer,
-            local_reports: local_rx,
-            instance,
+            local_reports: local_tx,
+            lane: 0,
+            dead_letters: Arc::new(std::sync::Mutex::new(crate::alert::DeadLetterRule::new(
+                cfg.alerts.clone(),
+            ))),
         };
+        let group_loop = groups::GroupLoopParts::beside(&parts, sink, local_rx);
+        let request_loops =
+            requests::RequestLoop::per_lane(runtime.service.request_loops(), parts)?;
         let (done_tx, done) = tokio::sync::mpsc::unbounded_channel();
         let request_threads = spawn_loops(request_loops, group_loop, done_tx, &mut tasks)?;
         Ok(Service {
@@ -337,6 +282,77 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// The operators' overrides, read once before the loops start (a group
+/// taken over is frozen before its first write) and kept fresh by a task;
+/// Redis down: that task keeps trying.
+async fn start_control(
+    store: &Store,
+    runtime: &Runtime,
+    cfg_rx: &tokio::sync::watch::Receiver<Arc<Config>>,
+    stop: &CancellationToken,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Arc<overrides::Control>> {
+    let control = Arc::new(overrides::Control::new(
+        match store {
+            Store::Redis => overrides::Store::redis(&runtime.redis.url)?,
+            Store::InProcess(_) => overrides::Store::InProcess(Default::default()),
+        },
+        cfg_rx.clone(),
+        runtime.service.override_tombstone_ms,
+    ));
+    if let Err(e) = control.refresh().await {
+        tracing::warn!(error = %e, "operator overrides not read yet; retrying");
+    }
+    tasks.push(tokio::spawn(overrides::sync(
+        control.clone(),
+        Duration::from_millis(runtime.service.override_poll_ms as u64),
+        stop.clone(),
+    )));
+    Ok(control)
+}
+
+/// The HTTP API on `service.http_listen` (none when it is empty): where it
+/// listens, its port resolved when it was 0.
+async fn serve_http(
+    runtime: &Runtime,
+    metrics: &Arc<metrics::Metrics>,
+    control: &Arc<overrides::Control>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    let listen = &runtime.service.http_listen;
+    if listen.is_empty() {
+        return Ok(None);
+    }
+    let l = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = l
+        .local_addr()
+        .with_context(|| format!("binding {listen}"))?;
+    tracing::info!(listen = %addr, "serving /metrics, /status, /healthz, /readyz and /v1/overrides");
+    let api = http::Api {
+        metrics: metrics.clone(),
+        control: control.clone(),
+        token: runtime.service.control_token(),
+    };
+    tasks.push(tokio::spawn(http::serve(l, api)));
+    Ok(Some(addr))
+}
+
+/// Where state machines are kept and weights written, for `store`.
+fn stores(
+    store: &Store,
+    runtime: &Runtime,
+) -> anyhow::Result<(Option<state_store::StateStore>, groups::WeightSink)> {
+    Ok(match store {
+        Store::Redis => (
+            Some(state_store::StateStore::start(&runtime.redis.url)?),
+            groups::redis_sink(runtime)?,
+        ),
+        Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),
+    })
 }
 
 fn log_start(instance: &str, file: &ConfigFile) {

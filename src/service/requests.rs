@@ -63,6 +63,7 @@ pub struct RequestLoop {
 }
 
 /// What the request loop needs from the service around it.
+#[derive(Clone)]
 pub struct LoopParts {
     /// The policy, reloaded live.
     pub cfg_rx: tokio::sync::watch::Receiver<Arc<Config>>,
@@ -119,6 +120,19 @@ struct LoopState {
 }
 
 impl RequestLoop {
+    /// `lanes` request loops on the same parts, one per lane (each its own
+    /// consumer-group member).
+    pub fn per_lane(lanes: usize, parts: LoopParts) -> anyhow::Result<Vec<RequestLoop>> {
+        (0..lanes)
+            .map(|lane| {
+                RequestLoop::new(LoopParts {
+                    lane,
+                    ..parts.clone()
+                })
+            })
+            .collect()
+    }
+
     pub fn new(parts: LoopParts) -> anyhow::Result<RequestLoop> {
         let cfg = parts.cfg_rx.borrow().clone();
         let k = &parts.runtime.kafka;
