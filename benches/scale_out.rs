@@ -253,7 +253,7 @@ fn watch_redis(
     groups: usize,
     t0: Instant,
     stop: Arc<AtomicBool>,
-) -> (Watch, std::thread::JoinHandle<()>) {
+) -> (Watch, std::thread::JoinHandle<Vec<String>>) {
     let w = Watch {
         regressions: Arc::new(AtomicU64::new(0)),
         reads: Arc::new(AtomicU64::new(0)),
@@ -266,6 +266,7 @@ fn watch_redis(
     let thread = std::thread::spawn(move || {
         let mut versions: HashMap<usize, (u64, u64)> = HashMap::new();
         let mut faulty_drained = false;
+        let mut faulty_states: Vec<String> = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             for g in (0..groups).step_by((groups / WATCHED_GROUPS).max(1)) {
                 let text: Option<String> = redis::cmd("GET")
@@ -290,6 +291,10 @@ fn watch_redis(
                     }
                 }
                 if g == 0 {
+                    // Once drained, the failing channel may be probed again
+                    // (PROBATION, a small weight) but never judged healthy:
+                    // a new owner that lost its state would start it afresh.
+                    let state = s.channels.get(FAULTY).map(|c| c.state.clone());
                     let zero = s
                         .classes
                         .values()
@@ -297,17 +302,23 @@ fn watch_redis(
                     if zero && !faulty_drained {
                         faulty_drained = true;
                         *drained_at.lock().expect("drained") = Some(t0.elapsed());
-                    } else if !zero && faulty_drained {
+                    } else if faulty_drained && state.as_deref() == Some("HEALTHY") {
                         eprintln!(
-                            "  regression: {FAULTY} back above weight 0 (version {})",
-                            s.version
+                            "  regression: {FAULTY} HEALTHY again (version {}, epoch {})",
+                            s.version, s.epoch
                         );
                         reg.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(st) = state {
+                        if faulty_states.last() != Some(&st) {
+                            faulty_states.push(st);
+                        }
                     }
                 }
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        faulty_states
     });
     (w, thread)
 }
@@ -429,11 +440,17 @@ fn report_step(
     let at_ms = at.as_millis() as u32;
     let end_ms = now.as_millis() as u32;
     let live = fleet.pids();
-    // Each partition's owner once settled: the last instance to report it.
+    // Each partition's owner once settled: the last live instance to
+    // report it.
     let owner: BTreeMap<i32, u32> = reports
         .by_partition
         .iter()
-        .filter_map(|(p, r)| r.last().map(|&(_, pid)| (*p, pid)))
+        .filter_map(|(p, r)| {
+            r.iter()
+                .rev()
+                .find(|(_, pid)| live.contains_key(pid))
+                .map(|&(_, pid)| (*p, pid))
+        })
         .collect();
     let before: BTreeMap<i32, u32> = reports
         .by_partition
@@ -619,7 +636,7 @@ fn main() {
     }
     stop.store(true, Ordering::Relaxed);
     let _ = reader.join();
-    let _ = watcher.join();
+    let states = watcher.join().unwrap_or_default();
     let c = fleet.gone;
     let accounted = c.applied + c.duplicates + c.too_late + c.dead_lettered;
     println!(
@@ -635,6 +652,10 @@ fn main() {
         "snapshots: {reads} reads of {} watched groups, {regressions} regressions; {FAULTY} at weight 0 from {} on",
         WATCHED_GROUPS.min(groups),
         drained.map_or("never".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+    );
+    println!(
+        "{FAULTY}'s states as the snapshots showed them: {}",
+        states.join(" -> ")
     );
     drop(kafka);
     if regressions == 0 {

@@ -445,8 +445,8 @@ fn apply_batch(
     }
 }
 
-/// Runs one benchmark.
-pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+/// Refuses options the bench cannot run.
+fn check(opts: &BenchOptions) -> anyhow::Result<()> {
     anyhow::ensure!(opts.channels > 0, "--channels must be at least 1");
     anyhow::ensure!(
         opts.rate > 0.0 && opts.rate.is_finite(),
@@ -458,17 +458,127 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         opts.gateways > 1 || opts.clock_spread_ms == 0,
         "--clock-spread-ms needs two gateways or more"
     );
-    let cfg = Arc::new(config(opts.channels, opts.base_config.as_deref())?);
-    let warmup = opts
-        .warmup_seconds
-        .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
-    let mut traffic = Traffic::new(opts);
+    Ok(())
+}
+
+/// What the measured seconds took: the request path and decoding alone,
+/// by the wall clock and the thread's CPU clock, and the slowest batch.
+struct Timings {
+    apply: Duration,
+    decode: Duration,
+    apply_cpu: Option<Duration>,
+    decode_cpu: Option<Duration>,
+    max_pause: Duration,
+    max_pause_cpu: Option<Duration>,
+    events: u64,
+}
+
+/// Event-time seconds `seconds` through the partition, not timed: the
+/// windows fill.
+fn warm_up(
+    (part, metrics): (&mut Partition, &Metrics),
+    traffic: &mut Traffic,
+    seconds: std::ops::Range<u64>,
+    offset: &mut i64,
+) {
+    let per_second = traffic.per_second;
+    for s in seconds {
+        let sec = traffic.second(s);
+        let mut batch = Vec::with_capacity(PAUSE_BATCH);
+        // A batch at a time: a second's events held at once would stay in
+        // the allocator and count as the partition's memory.
+        for start in (0..per_second).step_by(PAUSE_BATCH) {
+            let end = per_second.min(start + PAUSE_BATCH);
+            batch.clear();
+            batch.extend((start..end).map(|i| traffic.event(&sec, i)));
+            let wall = sec.arrival_ms(end - 1, per_second);
+            apply_batch((part, metrics), &batch, offset, wall);
+        }
+    }
+}
+
+/// Event-time seconds `seconds`, encoded, then decoded alone and through
+/// the request path, each timed.
+fn measure(
+    (part, metrics): (&mut Partition, &Metrics),
+    traffic: &mut Traffic,
+    seconds: std::ops::Range<u64>,
+    offset: &mut i64,
+) -> anyhow::Result<Timings> {
     let per_second = traffic.per_second;
     let mut encoder = Encoder::default();
     let mut encoded = Encoded {
         bytes: Vec::with_capacity(per_second * 160),
         ends: Vec::with_capacity(per_second),
     };
+    let decoder = Decoder::new(WireFormat::Plain);
+    let mut t = Timings {
+        apply: Duration::ZERO,
+        decode: Duration::ZERO,
+        apply_cpu: Some(Duration::ZERO),
+        decode_cpu: Some(Duration::ZERO),
+        max_pause: Duration::ZERO,
+        max_pause_cpu: None,
+        events: 0,
+    };
+    for s in seconds {
+        let sec = traffic.second(s);
+        encoded.bytes.clear();
+        encoded.ends.clear();
+        for i in 0..per_second {
+            encoder.encode_plain(&traffic.event(&sec, i), &mut encoded.bytes)?;
+            encoded.ends.push(encoded.bytes.len());
+        }
+        let cpu_started = thread_cpu_time();
+        let started = Instant::now();
+        let mut decoded = 0usize;
+        for rec in encoded.records() {
+            decoded += decoder.decode(rec, &NoRegistry).is_ok() as usize;
+        }
+        t.decode += started.elapsed();
+        t.decode_cpu = t
+            .decode_cpu
+            .zip(cpu_between(cpu_started, thread_cpu_time()))
+            .map(|(a, c)| a + c);
+        anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
+        let records: Vec<&[u8]> = encoded.records().collect();
+        let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
+        for (b, batch) in records.chunks(PAUSE_BATCH).enumerate() {
+            let wall = sec.arrival_ms(b * PAUSE_BATCH + batch.len() - 1, per_second);
+            // Read outside the timed span, so the clock's cost is not timed.
+            let cpu_started = thread_cpu_time();
+            let started = Instant::now();
+            // As the request loop does: decode what was polled, then apply
+            // it in order, hinting the memory of the records ahead.
+            events_of_batch.clear();
+            events_of_batch.extend(
+                batch
+                    .iter()
+                    .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
+            );
+            apply_batch((part, metrics), &events_of_batch, offset, wall);
+            let took = started.elapsed();
+            let cpu = cpu_between(cpu_started, thread_cpu_time());
+            if let Some(cpu) = cpu {
+                t.max_pause_cpu = Some(t.max_pause_cpu.map_or(cpu, |m| m.max(cpu)));
+            }
+            t.apply_cpu = t.apply_cpu.zip(cpu).map(|(a, c)| a + c);
+            t.apply += took;
+            t.max_pause = t.max_pause.max(took);
+        }
+        t.events += per_second as u64;
+    }
+    Ok(t)
+}
+
+/// Runs one benchmark.
+pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    check(opts)?;
+    let cfg = Arc::new(config(opts.channels, opts.base_config.as_deref())?);
+    let warmup = opts
+        .warmup_seconds
+        .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
+    let mut traffic = Traffic::new(opts);
     let pos = Position {
         resume_at: 0,
         caught_up_at: Some(0),
@@ -491,76 +601,19 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let before = rss_bytes();
     let mut part = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, dedup_ms);
     let mut offset = 0i64;
-    for s in 0..warmup {
-        let sec = traffic.second(s);
-        let mut batch = Vec::with_capacity(PAUSE_BATCH);
-        // A batch at a time: a second's events held at once would stay in
-        // the allocator and count as the partition's memory.
-        for start in (0..per_second).step_by(PAUSE_BATCH) {
-            let end = per_second.min(start + PAUSE_BATCH);
-            batch.clear();
-            batch.extend((start..end).map(|i| traffic.event(&sec, i)));
-            let wall = sec.arrival_ms(end - 1, per_second);
-            apply_batch((&mut part, &metrics), &batch, &mut offset, wall);
-        }
-    }
-    let decoder = Decoder::new(WireFormat::Plain);
+    warm_up((&mut part, &metrics), &mut traffic, 0..warmup, &mut offset);
     let evaluations_before = part.evaluations();
-    let (mut apply_time, mut decode_time) = (Duration::ZERO, Duration::ZERO);
-    let (mut apply_cpu, mut decode_cpu) = (Some(Duration::ZERO), Some(Duration::ZERO));
-    let mut max_pause = Duration::ZERO;
-    let mut max_pause_cpu: Option<Duration> = None;
-    let mut events = 0u64;
-    for s in warmup..warmup + opts.seconds {
-        let sec = traffic.second(s);
-        encoded.bytes.clear();
-        encoded.ends.clear();
-        for i in 0..per_second {
-            encoder.encode_plain(&traffic.event(&sec, i), &mut encoded.bytes)?;
-            encoded.ends.push(encoded.bytes.len());
-        }
-        let cpu_started = thread_cpu_time();
-        let started = Instant::now();
-        let mut decoded = 0usize;
-        for rec in encoded.records() {
-            decoded += decoder.decode(rec, &NoRegistry).is_ok() as usize;
-        }
-        decode_time += started.elapsed();
-        decode_cpu = decode_cpu
-            .zip(cpu_between(cpu_started, thread_cpu_time()))
-            .map(|(t, c)| t + c);
-        anyhow::ensure!(decoded == per_second, "the bench's own records must decode");
-        let records: Vec<&[u8]> = encoded.records().collect();
-        let mut events_of_batch = Vec::with_capacity(PAUSE_BATCH);
-        for (b, batch) in records.chunks(PAUSE_BATCH).enumerate() {
-            let wall = sec.arrival_ms(b * PAUSE_BATCH + batch.len() - 1, per_second);
-            // Read outside the timed span, so the clock's cost is not timed.
-            let cpu_started = thread_cpu_time();
-            let started = Instant::now();
-            // As the request loop does: decode what was polled, then apply
-            // it in order, hinting the memory of the records ahead.
-            events_of_batch.clear();
-            events_of_batch.extend(
-                batch
-                    .iter()
-                    .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
-            );
-            apply_batch((&mut part, &metrics), &events_of_batch, &mut offset, wall);
-            let took = started.elapsed();
-            let cpu = cpu_between(cpu_started, thread_cpu_time());
-            if let Some(cpu) = cpu {
-                max_pause_cpu = Some(max_pause_cpu.map_or(cpu, |m| m.max(cpu)));
-            }
-            apply_cpu = apply_cpu.zip(cpu).map(|(t, c)| t + c);
-            apply_time += took;
-            max_pause = max_pause.max(took);
-        }
-        events += per_second as u64;
-    }
+    let t = measure(
+        (&mut part, &metrics),
+        &mut traffic,
+        warmup..warmup + opts.seconds,
+        &mut offset,
+    )?;
     let after = rss_bytes();
+    let events = t.events;
     let per_s = |d: Duration| events as f64 / d.as_secs_f64().max(1e-9);
-    let events_per_s = per_s(apply_time);
-    let decode_only = per_s(decode_time);
+    let events_per_s = per_s(t.apply);
+    let decode_only = per_s(t.decode);
     Ok(BenchReport {
         channels: opts.channels,
         mix: opts.mix,
@@ -571,21 +624,22 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         seconds: opts.seconds,
         events,
         events_per_s,
-        ns_per_event: apply_time.as_nanos() as f64 / events.max(1) as f64,
+        ns_per_event: t.apply.as_nanos() as f64 / events.max(1) as f64,
         decode_only_events_per_s: decode_only,
-        own_ns_per_event: (apply_time.as_nanos() as f64 - decode_time.as_nanos() as f64)
+        own_ns_per_event: (t.apply.as_nanos() as f64 - t.decode.as_nanos() as f64)
             / events.max(1) as f64,
         ratio_to_decode: events_per_s / decode_only,
-        cpu_ratio_to_decode: decode_cpu
-            .zip(apply_cpu)
+        cpu_ratio_to_decode: t
+            .decode_cpu
+            .zip(t.apply_cpu)
             .filter(|(_, a)| !a.is_zero())
             .map(|(d, a)| d.as_secs_f64() / a.as_secs_f64()),
         bytes_per_channel: before
             .zip(after)
             .map(|(b, a)| a.saturating_sub(b) / opts.channels as u64),
         idle_bytes_per_channel: idle_bytes,
-        max_pause_ms: max_pause.as_secs_f64() * 1000.0,
-        max_pause_cpu_ms: max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
+        max_pause_ms: t.max_pause.as_secs_f64() * 1000.0,
+        max_pause_cpu_ms: t.max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
         evaluations: part.evaluations() - evaluations_before,
         huge_page_bytes: crate::allocator::resident_huge_page_bytes(),
     })

@@ -127,7 +127,10 @@ impl ClientContext for RequestContext {
                     .any(|b| b.nodeid == leader && b.state == "UP")
             };
             for (p, part) in &t.partitions {
-                if *p >= 0 && part.consumer_lag >= 0 {
+                // Only a partition this consumer still wants: librdkafka keeps
+                // reporting a revoked one's last lag, which would otherwise
+                // sit in `hermes_consumer_lag_records` for good.
+                if *p >= 0 && part.consumer_lag >= 0 && part.desired {
                     self.metrics.set_lag(*p, part.consumer_lag);
                 }
                 if *p >= 0 && part.hi_offset >= 0 && leader_up(part.leader) {
