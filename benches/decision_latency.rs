@@ -29,7 +29,7 @@ use rdkafka::ClientConfig;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{event, free_port, Hermes, RedisServer, Tansu};
+use support::{event, free_port, send_retrying, Hermes, RedisServer, Tansu};
 
 const TRIAL_CHANNELS: usize = 8;
 const PARTITIONS: u32 = 4;
@@ -149,22 +149,16 @@ impl Gateway {
                         let ev = event(&id, channel, bad, seq);
                         buf.clear();
                         enc.encode_plain(&ev, &mut buf).expect("encode");
-                        let mut rec = BaseRecord::with_opaque_to(
-                            "hermes.requests",
-                            if bad { j } else { usize::MAX },
-                        )
-                        .key(channel.as_str())
-                        .partition((j as u32 % PARTITIONS) as i32)
-                        .payload(&buf[..]);
-                        loop {
-                            match producer.send(rec) {
-                                Ok(()) => break,
-                                Err((_, r)) => {
-                                    rec = r;
-                                    std::thread::sleep(Duration::from_millis(1));
-                                }
-                            }
-                        }
+                        send_retrying(
+                            &producer,
+                            BaseRecord::with_opaque_to(
+                                "hermes.requests",
+                                if bad { j } else { usize::MAX },
+                            )
+                            .key(channel.as_str())
+                            .partition((j as u32 % PARTITIONS) as i32)
+                            .payload(&buf[..]),
+                        );
                         s.fetch_add(1, Ordering::Relaxed);
                         if bad {
                             let mut fb = fb.lock().expect("first_bad");

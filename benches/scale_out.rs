@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{event, free_port, Hermes, RedisServer, Tansu};
+use support::{event, free_port, send_retrying, Hermes, RedisServer, Tansu};
 
 const GROUP_SIZE: usize = 10;
 const FAULTY: &str = "g00000-0";
@@ -159,19 +159,13 @@ fn gateway(
                 ev.route_group = &groups[group_of(c)];
                 buf.clear();
                 enc.encode_plain(&ev, &mut buf).expect("encode");
-                let mut rec = BaseRecord::to("hermes.requests")
-                    .key(names[c].as_str())
-                    .partition((group_of(c) as u32 % partitions) as i32)
-                    .payload(&buf[..]);
-                loop {
-                    match producer.send(rec) {
-                        Ok(()) => break,
-                        Err((_, r)) => {
-                            rec = r;
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                    }
-                }
+                send_retrying(
+                    &producer,
+                    BaseRecord::to("hermes.requests")
+                        .key(names[c].as_str())
+                        .partition((group_of(c) as u32 % partitions) as i32)
+                        .payload(&buf[..]),
+                );
             }
             ticks += 1;
             let due = started + tick * ticks as u32;

@@ -499,19 +499,13 @@ fn send_request(
     partition: i32,
     payload: &[u8],
 ) {
-    let mut rec = BaseRecord::to("hermes.requests")
-        .key(channel)
-        .partition(partition)
-        .payload(payload);
-    loop {
-        match p.send(rec) {
-            Ok(()) => return,
-            Err((_, r)) => {
-                rec = r;
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
+    support::send_retrying(
+        p,
+        BaseRecord::to("hermes.requests")
+            .key(channel)
+            .partition(partition)
+            .payload(payload),
+    );
 }
 
 /// A bare producer for hand-made records.

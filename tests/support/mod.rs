@@ -485,6 +485,27 @@ impl Drop for Hermes {
     }
 }
 
+/// Hands `rec` to the producer, waiting while its queue is full (a
+/// synthetic gateway is paced by the broker, not dropped).
+pub fn send_retrying<C, K, P>(
+    producer: &rdkafka::producer::ThreadedProducer<C>,
+    mut rec: rdkafka::producer::BaseRecord<'_, K, P, C::DeliveryOpaque>,
+) where
+    C: rdkafka::producer::ProducerContext,
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return,
+            Err((_, r)) => {
+                rec = r;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 /// A synthetic gateway's attempt: healthy (HTTP 200, 400 output tokens) or
 /// failing (HTTP 503), stamped now, class by `seq`.
 pub fn event<'a>(id: &'a str, channel: &'a str, failing: bool, seq: u64) -> RequestEvent<'a> {
