@@ -300,13 +300,7 @@ fn main() {
         let first = gw.first_bad.lock().expect("first_bad")[k];
         // Records behind, summed over the request partitions: a broker that
         // slows down shows here, not in Hermes' own time.
-        let lag: f64 = hermes
-            .get("/metrics")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("hermes_consumer_lag_records{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let lag = hermes.metric_sum("hermes_consumer_lag_records");
         eprintln!("  consumer lag now {lag:.0} records");
         let acked = gw.first_bad_acked.lock().expect("acks")[k];
         match (first, seen) {

@@ -350,13 +350,7 @@ impl std::ops::AddAssign for Counts {
 
 fn counts_from_metrics(h: &Hermes) -> Counts {
     let m = |s: &str| h.metric(s).unwrap_or(0.0) as u64;
-    let dead: f64 = h
-        .get("/metrics")
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("hermes_dead_letters_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let dead = h.metric_sum("hermes_dead_letters_total");
     Counts {
         applied: m("hermes_events_applied_total"),
         duplicates: m("hermes_events_duplicate_total"),
@@ -609,14 +603,7 @@ fn main() {
         let lag: f64 = fleet
             .live
             .values()
-            .map(|h| {
-                h.get("/metrics")
-                    .unwrap_or_default()
-                    .lines()
-                    .filter(|l| l.starts_with("hermes_consumer_lag_records{"))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum::<f64>()
-            })
+            .map(|h| h.metric_sum("hermes_consumer_lag_records"))
             .sum();
         if lag == 0.0 {
             break;

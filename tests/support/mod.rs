@@ -450,6 +450,17 @@ impl Hermes {
             .and_then(|v| v.parse().ok())
     }
 
+    /// The sum of every series of a metric (all its labels) on `/metrics`;
+    /// 0 when the instance does not answer.
+    pub fn metric_sum(&self, series: &str) -> f64 {
+        self.get("/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
