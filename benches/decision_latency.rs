@@ -231,13 +231,7 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|n| n.parse().ok())
         .unwrap_or(10_000);
-    let have = |bin: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {bin}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !(have("redis-server") && (support::tansu_bin().exists() || have("tansu"))) {
+    if !support::have_tansu_and_redis() {
         eprintln!(
             "decision_latency: needs tansu and redis-server (bash .ci/run installs them); skipped"
         );

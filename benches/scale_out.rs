@@ -516,13 +516,7 @@ fn main() {
         rate: arg(&args, "--rate", 5_000),
         step: Duration::from_secs(arg(&args, "--step-s", 60)),
     };
-    let have = |bin: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {bin}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !(have("redis-server") && (support::tansu_bin().exists() || have("tansu"))) {
+    if !support::have_tansu_and_redis() {
         eprintln!("scale_out: needs tansu and redis-server (bash .ci/run installs them); skipped");
         return;
     }

@@ -259,6 +259,18 @@ pub fn tansu_bin() -> std::path::PathBuf {
     std::path::PathBuf::from("tansu")
 }
 
+/// Whether tansu and redis-server can be started here (the benchmarks
+/// that need them skip with a message otherwise).
+pub fn have_tansu_and_redis() -> bool {
+    let on_path = |bin: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {bin}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    on_path("redis-server") && (tansu_bin().exists() || on_path("tansu"))
+}
+
 /// A tansu broker with SQLite storage in its own temp dir; SIGKILLed on drop.
 pub struct Tansu {
     pub port: u16,
