@@ -278,6 +278,18 @@ impl Partition {
         }
     }
 
+    /// Held again after a rebalance that kept it: reading resumes where it
+    /// was, but it reports, and moves event time while idle, only once past
+    /// `high` (the high watermark at this assignment). After a lost
+    /// assignment (the broker away past the session timeout) the gateways'
+    /// queued events are behind that mark, and what was known of the
+    /// partition before says nothing of them.
+    pub fn resume_held(&mut self, high: Option<i64>) {
+        self.active = true;
+        self.caught_up_at = high;
+        self.last_record = Instant::now();
+    }
+
     /// Whether the record at `offset` is for this partition's engine: held,
     /// and not behind what it already read (a seek in flight).
     pub fn wants(&self, offset: i64) -> bool {

@@ -48,14 +48,32 @@ pub(super) enum RebalanceEvent {
         list: Vec<Assigned>,
         incremental: bool,
     },
-    /// `Some`: these partitions (cooperative); `None`: all (eager).
-    Revoked(Option<Vec<i32>>),
+    /// `partitions`: `Some` these (cooperative), `None` all (eager).
+    /// `lost`: taken away by the group rather than handed over; the loop
+    /// keeps what it built for them until the next assignment says whether
+    /// they come back (see [`Held::lost`]).
+    Revoked {
+        partitions: Option<Vec<i32>>,
+        lost: bool,
+    },
+}
+
+/// Where the loop was in a partition when it was revoked, for the next
+/// assignment to resume there if the partition comes back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Held {
+    pub(super) position: i64,
+    /// The group took it away without a rebalance (a session timeout, the
+    /// coordinator gone): another member may have owned it since, so it
+    /// is resumed only if nobody committed past `position`.
+    pub(super) lost: bool,
 }
 
 #[derive(Default)]
 pub(super) struct Shared {
-    /// Positions of the partitions held when they were last revoked.
-    pub(super) positions: HashMap<i32, i64>,
+    /// The partitions held when they were last revoked (eager), or lost
+    /// (either protocol), until the next assignment.
+    pub(super) positions: HashMap<i32, Held>,
     /// Per partition: the high watermark of the last fetch response, from
     /// librdkafka's statistics, and when it was reported.
     pub(super) high_watermarks: HashMap<i32, (i64, Instant)>,
@@ -69,8 +87,13 @@ impl Shared {
     /// commit left them to the next owner.
     pub(super) fn revokes(&self, p: i32) -> bool {
         self.events.iter().any(|e| match e {
-            RebalanceEvent::Revoked(None) => true,
-            RebalanceEvent::Revoked(Some(list)) => list.contains(&p),
+            RebalanceEvent::Revoked {
+                partitions: None, ..
+            } => true,
+            RebalanceEvent::Revoked {
+                partitions: Some(list),
+                ..
+            } => list.contains(&p),
             RebalanceEvent::Assigned { .. } => false,
         })
     }
@@ -156,12 +179,36 @@ impl RequestContext {
         let positions = std::mem::take(&mut lock(&self.shared).positions);
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
         let mut fresh = TopicPartitionList::new();
+        let mut unsure = TopicPartitionList::new();
         for p in &partitions {
-            if !positions.contains_key(p) {
-                fresh.add_partition(&self.topic, *p);
+            match positions.get(p) {
+                None => {
+                    fresh.add_partition(&self.topic, *p);
+                }
+                Some(h) if h.lost => {
+                    unsure.add_partition(&self.topic, *p);
+                }
+                Some(_) => {}
             }
         }
-        let committed = self.committed(c, &fresh);
+        let mut committed = self.committed(c, &fresh);
+        let committed_unsure = self.committed(c, &unsure);
+        // A lost partition nobody committed past is ours as we left it;
+        // otherwise (or if the broker cannot say) it is built afresh.
+        let positions: HashMap<i32, i64> = positions
+            .into_iter()
+            .filter(|(p, h)| !h.lost || committed_unsure.get(p).is_some_and(|&c| c <= h.position))
+            .map(|(p, h)| (p, h.position))
+            .collect();
+        for e in unsure.elements() {
+            let p = e.partition();
+            if !positions.contains_key(&p) {
+                fresh.add_partition(&self.topic, p);
+                if let Some(&o) = committed_unsure.get(&p) {
+                    committed.insert(p, o);
+                }
+            }
+        }
         let replay_from = self.replay_from(c, &fresh);
         let mut out = Vec::new();
         for p in partitions {
@@ -323,15 +370,17 @@ impl ConsumerContext for RequestContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let incremental = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
+                let lost = c.assignment_lost();
                 let mut positions = HashMap::new();
                 if let Ok(pos) = c.position() {
                     for e in pos.elements() {
                         if let Offset::Offset(o) = e.offset() {
-                            positions.insert(e.partition(), o);
+                            let held = Held { position: o, lost };
+                            positions.insert(e.partition(), held);
                         }
                     }
                 }
-                if !c.assignment_lost() {
+                if !lost {
                     // Outputs first, then the offsets that cover them.
                     if self.producer.flush(BROKER_TIMEOUT).is_ok() {
                         if let Err(e) = c.commit_consumer_state(CommitMode::Sync) {
@@ -340,7 +389,7 @@ impl ConsumerContext for RequestContext {
                     }
                 }
                 let revoked: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-                tracing::info!(?revoked, "partitions revoked");
+                tracing::info!(?revoked, lost, "partitions revoked");
                 let r = if incremental {
                     c.incremental_unassign(tpl)
                 } else {
@@ -351,10 +400,20 @@ impl ConsumerContext for RequestContext {
                 }
                 let mut sh = lock(&self.shared);
                 if incremental {
-                    sh.events.push(RebalanceEvent::Revoked(Some(revoked)));
+                    if lost {
+                        positions.retain(|p, _| revoked.contains(p));
+                        sh.positions.extend(positions);
+                    }
+                    sh.events.push(RebalanceEvent::Revoked {
+                        partitions: Some(revoked),
+                        lost,
+                    });
                 } else {
                     sh.positions = positions;
-                    sh.events.push(RebalanceEvent::Revoked(None));
+                    sh.events.push(RebalanceEvent::Revoked {
+                        partitions: None,
+                        lost,
+                    });
                 }
             }
             other => tracing::error!(error = ?other, "rebalance error"),
@@ -363,10 +422,11 @@ impl ConsumerContext for RequestContext {
 }
 
 /// Applies one rebalance event to the loop's partitions. Revoked ones are
-/// dropped (cooperative) or deactivated (eager: the next assignment says
-/// which stay). On assignment, those not held before, or no longer held, are
-/// built by `build` (which restores their saved state once for all of them),
-/// and the ones kept are active again.
+/// dropped (cooperative, handed over) or deactivated (eager, or lost: the
+/// next assignment says which stay, and drops the rest). On assignment,
+/// those not held before, or no longer held, are built by `build` (which
+/// restores their saved state once for all of them), and the ones kept are
+/// active again.
 pub(super) fn apply(
     partitions: &mut BTreeMap<i32, Partition>,
     ev: RebalanceEvent,
@@ -378,27 +438,39 @@ pub(super) fn apply(
         metrics.forget_partition(p);
     };
     match ev {
-        RebalanceEvent::Revoked(None) => {
+        RebalanceEvent::Revoked {
+            partitions: None, ..
+        } => {
             for part in partitions.values_mut() {
                 part.active = false;
             }
         }
-        RebalanceEvent::Revoked(Some(ps)) => {
+        RebalanceEvent::Revoked {
+            partitions: Some(ps),
+            lost,
+        } => {
             for p in ps {
-                forget(partitions, p);
+                match partitions.get_mut(&p) {
+                    Some(part) if lost => part.active = false,
+                    _ => forget(partitions, p),
+                }
             }
         }
         RebalanceEvent::Assigned { list, incremental } => {
-            let keep: Vec<i32> = list
+            let keep: Vec<(i32, Option<i64>)> = list
                 .iter()
                 .filter(|a| a.kept)
-                .map(|a| a.partition)
+                .map(|a| (a.partition, a.high))
                 .collect();
-            if !incremental {
+            let kept = |p: &i32| keep.iter().any(|(k, _)| k == p);
+            // Eager: the assignment is the whole of it. Cooperative: it adds
+            // to the active ones; an inactive one (lost) not kept now is
+            // another member's.
+            {
                 let gone: Vec<i32> = partitions
-                    .keys()
-                    .filter(|p| !keep.contains(p))
-                    .copied()
+                    .iter()
+                    .filter(|(p, part)| (!incremental || !part.active) && !kept(p))
+                    .map(|(p, _)| *p)
                     .collect();
                 for p in gone {
                     forget(partitions, p);
@@ -413,9 +485,9 @@ pub(super) fn apply(
                     partitions.insert(part.id, part);
                 }
             }
-            for p in keep {
+            for (p, high) in keep {
                 if let Some(part) = partitions.get_mut(&p) {
-                    part.active = true;
+                    part.resume_held(high);
                 }
             }
         }
@@ -445,19 +517,109 @@ mod tests {
         });
         assert!(shared.rebalance_pending());
         assert!(!shared.revokes(1), "an assignment takes nothing away");
-        shared
-            .events
-            .push(RebalanceEvent::Revoked(Some(vec![2, 5])));
+        shared.events.push(RebalanceEvent::Revoked {
+            partitions: Some(vec![2, 5]),
+            lost: false,
+        });
         assert!(shared.revokes(2) && shared.revokes(5));
         assert!(
             !shared.revokes(1),
             "a cooperative revocation names its partitions"
         );
-        shared.events.push(RebalanceEvent::Revoked(None));
+        shared.events.push(RebalanceEvent::Revoked {
+            partitions: None,
+            lost: false,
+        });
         assert!(
             shared.revokes(1),
             "an eager revocation takes every partition"
         );
+    }
+
+    fn held(ids: &[i32]) -> BTreeMap<i32, Partition> {
+        use super::super::partition::Position;
+        let cfg = Arc::new(crate::config::Config::single_group(
+            "chat",
+            &[("free-a", crate::config::Tier::Free, 0.0, 50.0)],
+        ));
+        let pos = Position {
+            resume_at: 0,
+            caught_up_at: Some(0),
+            start: 0,
+            replay_floor_ms: 0,
+        };
+        ids.iter()
+            .map(|&id| {
+                let part = Partition::rebuild(id, cfg.clone(), pos, &BTreeMap::new(), 0, 60_000);
+                (id, part)
+            })
+            .collect()
+    }
+
+    fn assigned(partition: i32, kept: bool) -> Assigned {
+        Assigned {
+            partition,
+            kept,
+            resume_at: 0,
+            high: None,
+            start: 0,
+        }
+    }
+
+    /// The broker restart drill: the session timed out while the broker was
+    /// away, the group took every partition and gave two back. What the loop
+    /// built for those is resumed, not rebuilt from the saved state (which
+    /// would apply the events since the last commit a second time); the
+    /// third is another member's now.
+    #[test]
+    fn a_lost_partition_that_comes_back_is_resumed_and_one_that_does_not_is_dropped() {
+        let metrics = Metrics::default();
+        let mut parts = held(&[0, 1, 2]);
+        let lost = RebalanceEvent::Revoked {
+            partitions: Some(vec![0, 1, 2]),
+            lost: true,
+        };
+        apply(&mut parts, lost, &metrics, |_| panic!("nothing to build"));
+        assert_eq!(parts.len(), 3);
+        assert!(parts.values().all(|p| !p.active));
+        let back = RebalanceEvent::Assigned {
+            list: vec![assigned(0, true), assigned(1, true)],
+            incremental: true,
+        };
+        apply(&mut parts, back, &metrics, |fresh| {
+            assert!(fresh.is_empty(), "kept partitions are not rebuilt");
+            Vec::new()
+        });
+        assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
+        assert!(parts.values().all(|p| p.active));
+        // The queued events behind the new high watermark come first: no
+        // report and no idle advance of event time before them.
+        assert!(parts.values().all(|p| !p.caught_up()));
+        // Handed over (not lost): dropped at once.
+        let handed = RebalanceEvent::Revoked {
+            partitions: Some(vec![1]),
+            lost: false,
+        };
+        apply(&mut parts, handed, &metrics, |_| Vec::new());
+        assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0]);
+        // A lost one whose position someone committed past comes back
+        // unkept (see `plan_assignment`): it is built afresh.
+        let lost = RebalanceEvent::Revoked {
+            partitions: Some(vec![0]),
+            lost: true,
+        };
+        apply(&mut parts, lost, &metrics, |_| Vec::new());
+        let moved_on = RebalanceEvent::Assigned {
+            list: vec![assigned(0, false)],
+            incremental: true,
+        };
+        let mut built = Vec::new();
+        apply(&mut parts, moved_on, &metrics, |fresh| {
+            built.extend(fresh.iter().map(|a| a.partition));
+            held(&[0]).into_values().collect()
+        });
+        assert_eq!(built, vec![0]);
+        assert!(parts[&0].active);
     }
 
     #[test]
