@@ -873,8 +873,9 @@ impl Engine {
                     now,
                     since,
                 );
+                let k = SignalKind::BadOutcomeRate as usize;
                 let mut since_at_risk = ch.signals.clone();
-                since_at_risk.values[SignalKind::BadOutcomeRate as usize] = Some(rate);
+                since_at_risk.values[k] = Some(rate.exit);
                 let min = SignalKind::BadOutcomeRate
                     .policy(&policy.signals)
                     .min_samples;
@@ -884,8 +885,9 @@ impl Engine {
                 // the traffic): after the probation's wait it is judged on
                 // the serving score, whose rates are read at bounds that
                 // widen as evidence thins.
-                let exit = (rate.samples >= min || !waited)
+                let exit = (rate.exit.samples >= min || !waited)
                     .then(|| pessimistic(&since_at_risk, &policy.signals, z));
+                since_at_risk.values[k] = Some(rate.drain);
                 (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
             }
         };

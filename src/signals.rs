@@ -633,32 +633,59 @@ pub struct Horizons {
 }
 
 /// The failure rate (`bad_outcome_rate`) of real traffic since `since_ms`
-/// only: what a channel in AT_RISK is judged on when it would leave it. At
-/// its reduced weight such a channel sees few attempts, so its short view
-/// often lacks the samples and the rate falls back to the long view, which
-/// reaches back before the channel went AT_RISK: a fault that began minutes
-/// ago is diluted there by the healthy time before it, the channel reads as
-/// recovered, goes back to full weight and is drained moments later (a
-/// re-trip, `bad-answers-empty` seed 101). Here the short view, then the
-/// long one, are clipped at `since_ms`; the first with the signal's
-/// `min_samples` is read, else the longer with what it has, so thin
-/// evidence reads wide at its confidence bound (none: no exit).
+/// only: what a channel in AT_RISK is judged on when it would leave it,
+/// down (`drain`) or up (`exit`). At its reduced weight such a channel sees
+/// few attempts, so its short view often lacks the samples and the rate
+/// falls back to the long view, which reaches back before the channel went
+/// AT_RISK: a fault that began minutes ago is diluted there by the healthy
+/// time before it, the channel reads as recovered, goes back to full weight
+/// and is drained moments later (a re-trip, `bad-answers-empty` seed 101).
+/// Here the short view and the long one are clipped at `since_ms`.
+/// - `exit` reads the first with the signal's `min_samples`: the freshest
+///   evidence enough to judge, so a fault that ended lets the channel go.
+/// - `drain` reads, of those with `min_samples`, the one whose reading has
+///   the highest lower bound (as [`bad_outcomes`] picks among kinds): at a
+///   third of the traffic, a kind only structured requests can show has its
+///   samples in the long view alone, and the short view's all-answers share
+///   would hide it, so the drain would wait on a lucky minute
+///   (`structured-bad-answers` seed 303: 310 s, 230 s this way).
+///
+/// With neither view at `min_samples`, both read the long view with what it
+/// has, so thin evidence reads wide at its confidence bound (none: no exit).
 pub fn bad_outcome_rate_since(
     ring: &SliceRing,
     cfg: &Horizons,
     policy: &SignalPolicies,
     now_ms: i64,
     since_ms: i64,
-) -> Measurement {
+) -> SinceAtRisk {
     let min = SignalKind::BadOutcomeRate.policy(policy).min_samples;
     let short = ring.counters(now_ms, cfg.short_window_ms, since_ms).real;
     let long = ring.counters(now_ms, cfg.long_window_ms, since_ms).real;
-    let (value, samples) = [short, long]
-        .iter()
-        .map(|c| bad_outcomes(c, min, policy))
-        .find(|(_, n)| *n >= min)
-        .unwrap_or_else(|| bad_outcomes(&long, min, policy));
-    Measurement::of(value, samples)
+    let readings = [
+        bad_outcomes(&short, min, policy),
+        bad_outcomes(&long, min, policy),
+    ];
+    let enough = || readings.iter().filter(|(_, n)| *n >= min);
+    let z = policy.bad_outcome_confidence_z;
+    let low = |(p, n): &(f64, u32)| wilson_low(*p, *n, policy.z_at(z, *n));
+    let exit = enough().next().unwrap_or(&readings[1]);
+    let drain = enough()
+        .max_by(|a, b| low(a).total_cmp(&low(b)))
+        .unwrap_or(&readings[1]);
+    SinceAtRisk {
+        drain: Measurement::of(drain.0, drain.1),
+        exit: Measurement::of(exit.0, exit.1),
+    }
+}
+
+/// [`bad_outcome_rate_since`]'s two readings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SinceAtRisk {
+    /// What confirms a drain from AT_RISK (read at its lower bound).
+    pub drain: Measurement,
+    /// What lets the channel back to HEALTHY (read at its upper bound).
+    pub exit: Measurement,
 }
 
 /// The failure rate (`bad_outcome_rate`) of the episode that put a channel

@@ -358,19 +358,22 @@ fn empty_answers_alone_drain_a_channel() {
     // answers run at 3-7 % of them for minutes (10 % true); the rates are
     // read at confidence bounds that no longer let one noisy minute drain
     // a channel (sparse-healthy-day drained 7 times on 5 seeds when they
-    // did). Asserted as measured so a further slip shows.
+    // did). Over the episode it read 6.5 % (33 of 510 answers): no
+    // detector that leaves a 5 % line in service drains that sooner.
+    // Asserted as measured so a further slip shows.
     bad_answers_alone("bad-answers-empty", 390.0);
 }
 
 /// Bad answers only some requests can show (docs/decisions.md#safety-rails, measured over the
 /// answers that can show them): schema failures at 12 % of structured
-/// requests that are a third of the traffic.
-///
-/// Not met on seed 303: DRAINED at 310 s (target 300 s), for the reason
-/// `empty_answers_alone_drain_a_channel` gives. Asserted as measured.
+/// requests that are a third of the traffic. At AT_RISK weight the kind
+/// has its samples only in the long view since the channel went AT_RISK,
+/// and the drain is confirmed on the firmer of the two views
+/// (`signals::bad_outcome_rate_since`; seed 303 drained at 310 s when the
+/// short view's all-answers share was read).
 #[test]
 fn schema_failures_of_structured_requests_alone_drain_a_channel() {
-    bad_answers_alone("structured-bad-answers", 310.0);
+    bad_answers_alone("structured-bad-answers", 300.0);
 }
 
 /// docs/decisions.md#safety-rails: a channel that fails hard is drained whenever a healthy
