@@ -61,6 +61,18 @@ pub struct Incident {
 }
 
 impl Incident {
+    fn began(at_ms: i64, state: &str, drained_ms: Option<i64>, p1_alerts: u32) -> Incident {
+        Incident {
+            began_ms: at_ms,
+            first_state: state.to_string(),
+            drained_ms,
+            drained_for_ms: 0,
+            recovered_ms: None,
+            worst_signals: Vec::new(),
+            p1_alerts,
+        }
+    }
+
     pub fn time_to_drain_ms(&self) -> Option<i64> {
         self.drained_ms.map(|d| d - self.began_ms)
     }
@@ -142,129 +154,158 @@ fn channel_period(
     let initial = before
         .and_then(|a| a.to_state.clone())
         .unwrap_or_else(|| "HEALTHY".to_string());
-    let mut p = ChannelPeriod {
-        channel: channel.to_string(),
-        group: group.to_string(),
-        initial_state_known: before.is_some(),
-        initial_state: initial.clone(),
-        time_in_state_ms: STATES.iter().map(|s| (s.to_string(), 0)).collect(),
-        availability: 0.0,
-        incidents: Vec::new(),
-        overrides: Vec::new(),
-        worst_signals: Vec::new(),
-        alerts_by_kind: BTreeMap::new(),
-        segments: Vec::new(),
-    };
-    let mut state = initial;
-    let mut since = from;
-    let mut worst = BTreeMap::new();
-    let mut open: Option<(Incident, BTreeMap<String, f64>)> = (state != "HEALTHY").then(|| {
-        (
-            Incident {
-                began_ms: from,
-                first_state: state.clone(),
-                drained_ms: (state == "DRAINED").then_some(from),
-                drained_for_ms: 0,
-                recovered_ms: None,
-                worst_signals: Vec::new(),
-                p1_alerts: 0,
-            },
-            BTreeMap::new(),
-        )
-    });
-    let close_segment =
-        |p: &mut ChannelPeriod,
-         state: &str,
-         since: i64,
-         until: i64,
-         open: &mut Option<(Incident, BTreeMap<String, f64>)>| {
-            if until > since {
-                *p.time_in_state_ms.entry(state.to_string()).or_default() += until - since;
-                p.segments.push((since, until, state.to_string()));
-                if state == "DRAINED" {
-                    if let Some((inc, _)) = open.as_mut() {
-                        inc.drained_for_ms += until - since;
-                    }
-                }
-            }
-        };
+    let mut walk = PeriodWalk::start(channel, group, initial, before.is_some(), from);
     for a in alerts
         .iter()
         .filter(|a| (from..to).contains(&a.event_time_ms))
     {
-        *p.alerts_by_kind
+        walk.alert(a);
+    }
+    walk.finish(from, to)
+}
+
+/// An incident still open, with the largest contribution of each signal
+/// seen in its alerts so far.
+type OpenIncident = (Incident, BTreeMap<String, f64>);
+
+/// [`channel_period`]'s walk through the alerts: the state the channel is
+/// in since when, and the incident open, if any.
+struct PeriodWalk {
+    p: ChannelPeriod,
+    state: String,
+    since: i64,
+    worst: BTreeMap<String, f64>,
+    open: Option<OpenIncident>,
+}
+
+impl PeriodWalk {
+    fn start(channel: &str, group: &str, initial: String, known: bool, from: i64) -> PeriodWalk {
+        // A period that starts outside HEALTHY starts inside an incident.
+        let open = (initial != "HEALTHY").then(|| {
+            let drained_ms = (initial == "DRAINED").then_some(from);
+            (
+                Incident::began(from, &initial, drained_ms, 0),
+                BTreeMap::new(),
+            )
+        });
+        PeriodWalk {
+            p: ChannelPeriod {
+                channel: channel.to_string(),
+                group: group.to_string(),
+                initial_state_known: known,
+                initial_state: initial.clone(),
+                time_in_state_ms: STATES.iter().map(|s| (s.to_string(), 0)).collect(),
+                availability: 0.0,
+                incidents: Vec::new(),
+                overrides: Vec::new(),
+                worst_signals: Vec::new(),
+                alerts_by_kind: BTreeMap::new(),
+                segments: Vec::new(),
+            },
+            state: initial,
+            since: from,
+            worst: BTreeMap::new(),
+            open,
+        }
+    }
+
+    fn alert(&mut self, a: &AlertEvent) {
+        *self
+            .p
+            .alerts_by_kind
             .entry(a.kind.as_str().to_string())
             .or_default() += 1;
-        note_worst(&mut worst, a);
-        if let Some((inc, w)) = open.as_mut() {
+        note_worst(&mut self.worst, a);
+        if let Some((inc, w)) = self.open.as_mut() {
             note_worst(w, a);
             if a.severity == crate::alert::Severity::P1 {
                 inc.p1_alerts += 1;
             }
         }
         match a.kind {
-            AlertKind::Override => p.overrides.push(OverrideLine {
+            AlertKind::Override => self.p.overrides.push(OverrideLine {
                 at_ms: a.event_time_ms,
                 reason: a.reason.clone(),
                 message: a.message.clone(),
             }),
             AlertKind::Transition => {
-                let Some(next) = a.to_state.clone() else {
-                    continue;
-                };
-                close_segment(&mut p, &state, since, a.event_time_ms, &mut open);
-                since = a.event_time_ms;
-                if state == "HEALTHY" && next != "HEALTHY" && open.is_none() {
-                    let mut w = BTreeMap::new();
-                    note_worst(&mut w, a);
-                    open = Some((
-                        Incident {
-                            began_ms: a.event_time_ms,
-                            first_state: next.clone(),
-                            drained_ms: None,
-                            drained_for_ms: 0,
-                            recovered_ms: None,
-                            worst_signals: Vec::new(),
-                            p1_alerts: u32::from(a.severity == crate::alert::Severity::P1),
-                        },
-                        w,
-                    ));
+                if let Some(next) = a.to_state.clone() {
+                    self.transition(a, next);
                 }
-                if let Some((inc, _)) = open.as_mut() {
-                    if next == "DRAINED" && inc.drained_ms.is_none() {
-                        inc.drained_ms = Some(a.event_time_ms);
-                    }
-                }
-                if next == "HEALTHY" {
-                    if let Some((mut inc, w)) = open.take() {
-                        inc.recovered_ms = Some(a.event_time_ms);
-                        inc.worst_signals = top3(&w);
-                        p.incidents.push(inc);
-                    }
-                }
-                state = next;
             }
             _ => {}
         }
     }
-    close_segment(&mut p, &state, since, to, &mut open);
-    if let Some((mut inc, w)) = open.take() {
-        inc.worst_signals = top3(&w);
-        p.incidents.push(inc);
+
+    /// A move to `next`: the segment before it closes; leaving HEALTHY
+    /// opens an incident, a drain dates it, coming back closes it.
+    fn transition(&mut self, a: &AlertEvent, next: String) {
+        let at = a.event_time_ms;
+        self.close_segment(at);
+        self.since = at;
+        if self.state == "HEALTHY" && next != "HEALTHY" && self.open.is_none() {
+            let mut w = BTreeMap::new();
+            note_worst(&mut w, a);
+            let p1 = u32::from(a.severity == crate::alert::Severity::P1);
+            self.open = Some((Incident::began(at, &next, None, p1), w));
+        }
+        if let Some((inc, _)) = self.open.as_mut() {
+            if next == "DRAINED" && inc.drained_ms.is_none() {
+                inc.drained_ms = Some(at);
+            }
+        }
+        if next == "HEALTHY" {
+            if let Some((mut inc, w)) = self.open.take() {
+                inc.recovered_ms = Some(at);
+                inc.worst_signals = top3(&w);
+                self.p.incidents.push(inc);
+            }
+        }
+        self.state = next;
     }
-    let up: i64 = p
-        .time_in_state_ms
-        .iter()
-        .filter(|(s, _)| routable(s))
-        .map(|(_, t)| *t)
-        .sum();
-    p.availability = if to > from {
-        up as f64 / (to - from) as f64
-    } else {
-        1.0
-    };
-    p.worst_signals = top3(&worst);
-    p
+
+    /// The time from `since` to `until` in the current state.
+    fn close_segment(&mut self, until: i64) {
+        if until <= self.since {
+            return;
+        }
+        let spent = until - self.since;
+        *self
+            .p
+            .time_in_state_ms
+            .entry(self.state.clone())
+            .or_default() += spent;
+        self.p
+            .segments
+            .push((self.since, until, self.state.clone()));
+        if self.state == "DRAINED" {
+            if let Some((inc, _)) = self.open.as_mut() {
+                inc.drained_for_ms += spent;
+            }
+        }
+    }
+
+    fn finish(mut self, from: i64, to: i64) -> ChannelPeriod {
+        self.close_segment(to);
+        if let Some((mut inc, w)) = self.open.take() {
+            inc.worst_signals = top3(&w);
+            self.p.incidents.push(inc);
+        }
+        let up: i64 = self
+            .p
+            .time_in_state_ms
+            .iter()
+            .filter(|(s, _)| routable(s))
+            .map(|(_, t)| *t)
+            .sum();
+        self.p.availability = if to > from {
+            up as f64 / (to - from) as f64
+        } else {
+            1.0
+        };
+        self.p.worst_signals = top3(&self.worst);
+        self.p
+    }
 }
 
 /// The report over `[from_ms, to_ms)` from every alert read (those before
@@ -427,13 +468,6 @@ impl ChannelReport {
     /// per channel (inline SVG, no script, nothing fetched).
     pub fn html(&self) -> String {
         let esc = crate::sim::report::escape_html;
-        let colour = |st: &str| match st {
-            "HEALTHY" => "#2e7d32",
-            "AT_RISK" => "#f9a825",
-            "DRAINED" => "#c62828",
-            "OBSERVING" => "#ef6c00",
-            _ => "#1565c0",
-        };
         let mut s = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>Hermes channel report</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f4f4f4}.legend span{display:inline-block;margin-right:1em}.sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}</style></head><body>");
         let _ = write!(
             s,
@@ -465,55 +499,73 @@ impl ChannelReport {
             );
         }
         s.push_str("</table>");
-        let span = (self.to_ms - self.from_ms).max(1) as f64;
         for c in &self.channels {
-            let _ = write!(s, "<h2>{} ({})</h2>", esc(&c.channel), esc(&c.group));
-            let _ = write!(
-                s,
-                "<svg width=\"1000\" height=\"40\" role=\"img\" aria-label=\"state of {}\">",
-                esc(&c.channel)
-            );
-            for (a, b, st) in &c.segments {
-                let x = (a - self.from_ms) as f64 / span * 1000.0;
-                let w = ((b - a) as f64 / span * 1000.0).max(0.5);
-                let _ = write!(
-                    s,
-                    "<rect x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"24\" fill=\"{}\"><title>{st} {} .. {}</title></rect>",
-                    colour(st),
-                    utc(*a),
-                    utc(*b)
-                );
-            }
-            let _ = write!(
-                s,
-                "<text x=\"0\" y=\"38\" font-size=\"11\">{}</text><text x=\"1000\" y=\"38\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
-                utc(self.from_ms),
-                utc(self.to_ms)
-            );
-            let _ = write!(s, "<p>Time in each state: {}.</p>", c.times_text());
-            if !c.incidents.is_empty() {
-                let _ = write!(
-                    s,
-                    "<table><tr><th>{}</th></tr>",
-                    INCIDENT_COLUMNS.join("</th><th>")
-                );
-                for i in &c.incidents {
-                    let cells: Vec<String> = i.cells().iter().map(|c| esc(c)).collect();
-                    let _ = write!(s, "<tr><td>{}</td></tr>", cells.join("</td><td>"));
-                }
-                s.push_str("</table>");
-            }
-            for o in &c.overrides {
-                let _ = write!(
-                    s,
-                    "<p>Override at {}: {}</p>",
-                    utc(o.at_ms),
-                    esc(&o.message)
-                );
-            }
+            self.html_channel(&mut s, c);
         }
         s.push_str("</body></html>\n");
         s
+    }
+
+    /// One channel's section: its state over the period, its incidents and
+    /// overrides.
+    fn html_channel(&self, s: &mut String, c: &ChannelPeriod) {
+        let esc = crate::sim::report::escape_html;
+        let span = (self.to_ms - self.from_ms).max(1) as f64;
+        let _ = write!(s, "<h2>{} ({})</h2>", esc(&c.channel), esc(&c.group));
+        let _ = write!(
+            s,
+            "<svg width=\"1000\" height=\"40\" role=\"img\" aria-label=\"state of {}\">",
+            esc(&c.channel)
+        );
+        for (a, b, st) in &c.segments {
+            let x = (a - self.from_ms) as f64 / span * 1000.0;
+            let w = ((b - a) as f64 / span * 1000.0).max(0.5);
+            let _ = write!(
+                s,
+                "<rect x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"24\" fill=\"{}\"><title>{st} {} .. {}</title></rect>",
+                colour(st),
+                utc(*a),
+                utc(*b)
+            );
+        }
+        let _ = write!(
+            s,
+            "<text x=\"0\" y=\"38\" font-size=\"11\">{}</text><text x=\"1000\" y=\"38\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
+            utc(self.from_ms),
+            utc(self.to_ms)
+        );
+        let _ = write!(s, "<p>Time in each state: {}.</p>", c.times_text());
+        if !c.incidents.is_empty() {
+            let _ = write!(
+                s,
+                "<table><tr><th>{}</th></tr>",
+                INCIDENT_COLUMNS.join("</th><th>")
+            );
+            for i in &c.incidents {
+                let cells: Vec<String> = i.cells().iter().map(|c| esc(c)).collect();
+                let _ = write!(s, "<tr><td>{}</td></tr>", cells.join("</td><td>"));
+            }
+            s.push_str("</table>");
+        }
+        for o in &c.overrides {
+            let _ = write!(
+                s,
+                "<p>Override at {}: {}</p>",
+                utc(o.at_ms),
+                esc(&o.message)
+            );
+        }
+    }
+}
+
+/// A state's colour on the report's charts.
+fn colour(state: &str) -> &'static str {
+    match state {
+        "HEALTHY" => "#2e7d32",
+        "AT_RISK" => "#f9a825",
+        "DRAINED" => "#c62828",
+        "OBSERVING" => "#ef6c00",
+        _ => "#1565c0",
     }
 }
 

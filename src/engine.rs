@@ -269,6 +269,104 @@ impl ChannelRuntime {
         }
     }
 
+    /// The score read optimistically and pessimistically (see
+    /// `score::optimistic`): what a move down and a move up are judged on.
+    fn bounds(&self, horizons: &crate::signals::Horizons, now: i64) -> (Option<f64>, Option<f64>) {
+        let policy = &*self.cfg.policy;
+        let z = policy.states.probation_confidence_z;
+        let Some(since) = self.machine.at_risk_since_ms() else {
+            return (
+                Some(optimistic(&self.signals, &policy.signals, z)),
+                Some(pessimistic(&self.signals, &policy.signals, z)),
+            );
+        };
+        // AT_RISK is left, and drained from, only on what the channel did
+        // since it went AT_RISK (see `signals::bad_outcome_rate_since` and
+        // `state`): at its reduced weight the failures that put it there
+        // stay in the windows while new answers arrive slowly, so the
+        // windows' share rises by Hermes' own action.
+        let rate = crate::signals::bad_outcome_rate_since(
+            &self.ring,
+            horizons,
+            &policy.signals,
+            now,
+            since,
+        );
+        let k = SignalKind::BadOutcomeRate as usize;
+        let mut since_at_risk = self.signals.clone();
+        since_at_risk.values[k] = Some(rate.exit);
+        let min = SignalKind::BadOutcomeRate
+            .policy(&policy.signals)
+            .min_samples;
+        let waited = now - since >= policy.states.probation_max_wait_ms;
+        // A sparse channel at its reduced weight cannot bring the evidence
+        // an exit needs in hours (docs/decisions.md#safety-rails: recovery
+        // fits the traffic): after the probation's wait it is judged on the
+        // serving score, whose rates are read at bounds that widen as
+        // evidence thins.
+        let exit = (rate.exit.samples >= min || !waited)
+            .then(|| pessimistic(&since_at_risk, &policy.signals, z));
+        since_at_risk.values[k] = Some(rate.drain);
+        (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
+    }
+
+    /// AT_RISK only: the score with the failure rate of the episode that
+    /// put the channel there (`signals::bad_outcome_rate_episode`).
+    fn episode_score(&mut self, horizons: &crate::signals::Horizons, now: i64) -> Option<Score> {
+        let since = self.machine.at_risk_since_ms()?;
+        let policy = &*self.cfg.policy;
+        // The windows' signals with the failure rate swapped for the
+        // episode's, scored, then put back (no copy of the rest).
+        let k = SignalKind::BadOutcomeRate as usize;
+        let episode = crate::signals::bad_outcome_rate_episode(
+            &self.ring,
+            horizons,
+            &policy.signals,
+            now,
+            since,
+        );
+        let windows = self.signals.values[k].replace(episode);
+        let judged = score(&self.signals, &policy.signals);
+        self.signals.values[k] = windows;
+        Some(judged)
+    }
+
+    /// No upstream report of the quota left: count against the configured
+    /// quota, at the burn of the long view (probes use quota too).
+    fn count_quota(&mut self, long_window_ms: i64, now: i64) {
+        let (Some(quota), None) = (self.cfg.quota, self.signals.quota_remaining) else {
+            return;
+        };
+        let long = self.ring.counters(now, long_window_ms, i64::MIN / 2);
+        let attempts = (long.real.requests + long.probe.requests) as f64;
+        let rate = attempts / long_window_ms as f64;
+        let (remaining, forecast) = self
+            .quota
+            .forecast(quota, self.cfg.quota_period_ms, now, rate);
+        self.signals.quota_remaining = Some(remaining);
+        self.signals.quota_exhausted_in_ms = forecast;
+    }
+
+    /// The baseline learns once per short window, only from a healthy
+    /// channel's scored reading under the AT_RISK score.
+    fn learn_baseline(&mut self, now: i64, short_ms: i64) {
+        let next_learn = *self.next_baseline_ms.get_or_insert(now + short_ms);
+        if now < next_learn {
+            return;
+        }
+        self.next_baseline_ms = Some(next_learn + short_ms);
+        let policy = &*self.cfg.policy;
+        let calm = self
+            .score
+            .is_some_and(|sc| sc.value < policy.states.at_risk_enter);
+        if self.machine.is_healthy() && calm {
+            let (p99, out_median) = baseline_point(&self.signals, &policy.signals);
+            if p99.is_finite() || out_median.is_finite() {
+                self.baseline.learn(p99, out_median);
+            }
+        }
+    }
+
     fn configure(&mut self, c: &ChannelConfig, group_idx: usize) {
         self.cfg = c.clone();
         self.group_id = ShortStr::new(&c.group);
@@ -838,88 +936,17 @@ impl Engine {
             }
             None => ch.latency_median = None,
         }
-        if let (Some(quota), None) = (ch.cfg.quota, ch.signals.quota_remaining) {
-            // No upstream report: count against the configured quota, at
-            // the burn of the long view (probes use quota too).
-            let long = ch
-                .ring
-                .counters(now, self.cfg.engine.long_window_ms, i64::MIN / 2);
-            let attempts = (long.real.requests + long.probe.requests) as f64;
-            let rate = attempts / self.cfg.engine.long_window_ms as f64;
-            let (remaining, forecast) = ch.quota.forecast(quota, ch.cfg.quota_period_ms, now, rate);
-            ch.signals.quota_remaining = Some(remaining);
-            ch.signals.quota_exhausted_in_ms = forecast;
-        }
-        let sc = score(&ch.signals, &policy.signals);
+        ch.count_quota(self.cfg.engine.long_window_ms, now);
+        let sc = score(&ch.signals, &ch.cfg.policy.signals);
         let voted = sc.voters() > 0;
         ch.score = voted.then_some(sc);
-        let z = policy.states.probation_confidence_z;
-        (ch.score_low, ch.score_high) = match (voted, ch.machine.at_risk_since_ms()) {
-            (false, _) => (None, None),
-            (true, None) => (
-                Some(optimistic(&ch.signals, &policy.signals, z)),
-                Some(pessimistic(&ch.signals, &policy.signals, z)),
-            ),
-            // AT_RISK is left, and drained from, only on what the channel did
-            // since it went AT_RISK (see `signals::bad_outcome_rate_since`
-            // and `state`): at its reduced weight the failures that put it
-            // there stay in the windows while new answers arrive slowly, so
-            // the windows' share rises by Hermes' own action.
-            (true, Some(since)) => {
-                let rate = crate::signals::bad_outcome_rate_since(
-                    &ch.ring,
-                    &self.cfg.engine.horizons(),
-                    &policy.signals,
-                    now,
-                    since,
-                );
-                let k = SignalKind::BadOutcomeRate as usize;
-                let mut since_at_risk = ch.signals.clone();
-                since_at_risk.values[k] = Some(rate.exit);
-                let min = SignalKind::BadOutcomeRate
-                    .policy(&policy.signals)
-                    .min_samples;
-                let waited = now - since >= policy.states.probation_max_wait_ms;
-                // A sparse channel at its reduced weight cannot bring the
-                // evidence an exit needs in hours (docs/decisions.md#safety-rails: recovery fits
-                // the traffic): after the probation's wait it is judged on
-                // the serving score, whose rates are read at bounds that
-                // widen as evidence thins.
-                let exit = (rate.exit.samples >= min || !waited)
-                    .then(|| pessimistic(&since_at_risk, &policy.signals, z));
-                since_at_risk.values[k] = Some(rate.drain);
-                (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
-            }
+        let horizons = self.cfg.engine.horizons();
+        (ch.score_low, ch.score_high) = match voted {
+            true => ch.bounds(&horizons, now),
+            false => (None, None),
         };
-        ch.score_episode = match (voted, ch.machine.at_risk_since_ms()) {
-            (true, Some(since)) => {
-                // The windows' signals with the failure rate swapped for the
-                // episode's, scored, then put back (no copy of the rest).
-                let k = SignalKind::BadOutcomeRate as usize;
-                let episode = crate::signals::bad_outcome_rate_episode(
-                    &ch.ring,
-                    &self.cfg.engine.horizons(),
-                    &policy.signals,
-                    now,
-                    since,
-                );
-                let windows = ch.signals.values[k].replace(episode);
-                let judged = score(&ch.signals, &policy.signals);
-                ch.signals.values[k] = windows;
-                Some(judged)
-            }
-            _ => None,
-        };
-        let next_learn = *ch.next_baseline_ms.get_or_insert(now + short_ms);
-        if now >= next_learn {
-            ch.next_baseline_ms = Some(next_learn + short_ms);
-            if ch.machine.is_healthy() && voted && sc.value < policy.states.at_risk_enter {
-                let (p99, out_median) = baseline_point(&ch.signals, &policy.signals);
-                if p99.is_finite() || out_median.is_finite() {
-                    ch.baseline.learn(p99, out_median);
-                }
-            }
-        }
+        ch.score_episode = voted.then(|| ch.episode_score(&horizons, now)).flatten();
+        ch.learn_baseline(now, short_ms);
     }
 
     /// docs/decisions.md#safety-rails: is a group's failure correlated? On entering panic, the

@@ -43,6 +43,7 @@
 //! - `dedup`: duplicate event ids within an event-time horizon.
 //! - `prefetch`: cache hints for the records a batch holds ahead of the one
 //!   being applied (changes speed only).
+//! - `text_table`: plain-text tables for the command line's reports.
 //!
 //! The **shell** translates between the world and engine calls:
 //! - `publish`: the weight snapshot format and fencing rule
@@ -96,5 +97,6 @@ pub mod short_str;
 pub mod signals;
 pub mod sim;
 pub mod state;
+pub mod text_table;
 pub mod wall_clock;
 pub mod window;

@@ -32,6 +32,7 @@ const CORE: &[&str] = &[
     "short_str",
     "sim",
     "state",
+    "text_table",
     "window",
 ];
 

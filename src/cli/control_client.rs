@@ -189,11 +189,15 @@ fn encode(id: &str) -> String {
 
 /// `hermes ctl list` as a table for people.
 pub fn render_list(v: &serde_json::Value) -> String {
-    let mut out = format!(
-        "{:<8} {:<20} {:<16} {:<14} {:<22} REASON\n",
-        "TARGET", "ID", "ACTION", "BY", "UNTIL"
-    );
-    let mut rows = 0;
+    use hermes::text_table::{Align::Left, Table};
+    let mut table = Table::new(&[
+        ("TARGET", Left),
+        ("ID", Left),
+        ("ACTION", Left),
+        ("BY", Left),
+        ("UNTIL", Left),
+        ("REASON", Left),
+    ]);
     for (kind, key) in [("channel", "channels"), ("group", "groups")] {
         let Some(map) = v.get(key).and_then(|m| m.as_object()) else {
             continue;
@@ -213,15 +217,19 @@ pub fn render_list(v: &serde_json::Value) -> String {
                 .and_then(|e| e.as_i64())
                 .map_or("until cleared".to_string(), hermes::wall_clock::utc);
             let s = |k: &str| o.get(k).and_then(|x| x.as_str()).unwrap_or("").to_string();
-            out.push_str(&format!(
-                "{kind:<8} {id:<20} {action:<16} {:<14} {until:<22} {}\n",
+            table.row([
+                kind.to_string(),
+                id.clone(),
+                action,
                 s("actor"),
-                s("reason")
-            ));
-            rows += 1;
+                until,
+                s("reason"),
+            ]);
         }
     }
-    if rows == 0 {
+    let empty = table.is_empty();
+    let mut out = table.render();
+    if empty {
         out.push_str("(no overrides)\n");
     }
     out

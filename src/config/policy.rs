@@ -304,6 +304,15 @@ impl StatePolicy {
                 v.push(sk(k), "must be at least 1");
             }
         }
+        self.validate_timing(at, v);
+        self.validate_recovery_steps(at, v);
+    }
+
+    /// Cool-downs, waits and probation evidence: positive times, bounded
+    /// factors, and the maxima above what they cap.
+    fn validate_timing(&self, at: &str, v: &mut Issues) {
+        let st = self;
+        let sk = |k: &str| format!("{at}.states.{k}");
         for (k, x) in [
             ("cooldown_ms", st.cooldown_ms),
             ("max_cooldown_ms", st.max_cooldown_ms),
@@ -339,7 +348,6 @@ impl StatePolicy {
         if !(st.cooldown_growth >= 1.0 && st.cooldown_growth <= 10.0) {
             v.push(sk("cooldown_growth"), "must be within [1, 10]");
         }
-        self.validate_recovery_steps(at, v);
     }
 
     /// The recovery schedule: steps in (0, 1], `until` rising to 1.0.

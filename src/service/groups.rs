@@ -538,26 +538,9 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         tokio::select! {
             _ = stop.cancelled() => break,
             m = consumer.recv() => {
-                let m = match m {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "health consumer error");
-                        continue;
-                    }
-                };
-                match m.payload().map(HealthReport::from_json) {
-                    // Taken from the request loop already, in order.
-                    Some(Ok(r)) if r.instance == instance => continue,
-                    Some(Ok(r)) => {
-                        if !writers.on_report(r) {
-                            continue;
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(partition = m.partition(), offset = m.offset(), error = %e, "unreadable health report skipped");
-                        continue;
-                    }
-                    None => continue,
+                let applied = peer_report(m, &instance).is_some_and(|r| writers.on_report(r));
+                if !applied {
+                    continue;
                 }
             }
             Some(r) = local_reports.recv() => {
@@ -583,6 +566,27 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
         writers.on_tick().await;
     }
     Ok(())
+}
+
+/// A health report another instance published, from what the health
+/// consumer returned; errors and unreadable records are logged and
+/// skipped. This instance's own reports come from its request loops
+/// directly (in order), so the topic's copies are skipped too.
+fn peer_report(
+    m: Result<rdkafka::message::BorrowedMessage<'_>, rdkafka::error::KafkaError>,
+    instance: &str,
+) -> Option<HealthReport> {
+    let m = m
+        .inspect_err(|e| tracing::warn!(error = %e, "health consumer error"))
+        .ok()?;
+    match HealthReport::from_json(m.payload()?) {
+        Ok(r) if r.instance == instance => None,
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(partition = m.partition(), offset = m.offset(), error = %e, "unreadable health report skipped");
+            None
+        }
+    }
 }
 
 /// An alert of the writers, with the request loop's policy for alerts: one

@@ -237,6 +237,9 @@ pub struct Readiness {
     assigned: std::sync::atomic::AtomicBool,
     /// Owned partitions still replaying or catching up, per request loop.
     catching_up: Mutex<BTreeMap<usize, u32>>,
+    /// A dependency each request loop checks for itself (its consumer's
+    /// brokers): the problem each loop last saw.
+    per_lane: Mutex<BTreeMap<(Dependency, usize), String>>,
 }
 
 impl Readiness {
@@ -259,6 +262,26 @@ impl Readiness {
                 }
             }
         }
+    }
+
+    /// [`Readiness::set`] for a dependency every request loop checks on
+    /// its own: it is down while any loop sees it down (one loop's
+    /// consumer reconnected says nothing of another's), with the first
+    /// problem, named by its loop but for the first.
+    pub fn set_lane(&self, lane: usize, dep: Dependency, target: &str, problem: Option<String>) {
+        let combined = {
+            let mut lanes = lock(&self.per_lane);
+            match problem {
+                Some(p) => lanes.insert((dep, lane), p),
+                None => lanes.remove(&(dep, lane)),
+            };
+            let mut down = lanes.iter().filter(|((d, _), _)| *d == dep);
+            down.next().map(|((_, l), p)| match l {
+                0 => p.clone(),
+                l => format!("request loop {l}: {p}"),
+            })
+        };
+        self.set(dep, target, combined);
     }
 
     pub fn set_assigned(&self) {
@@ -540,6 +563,58 @@ const STATES: [StateKind; 5] = [
 
 type Labels<'a> = Vec<(&'static str, &'a str)>;
 
+/// The channel gauges with only group and channel labels: name, help, and
+/// how to read the value (absent: too few samples).
+type Read = fn(&ChannelGauges) -> Option<f64>;
+const CHANNEL_GAUGES: [(&str, &str, Read); 5] = [
+        (
+            "hermes_channel_score",
+            "Health score, 0 healthy .. 1 failing (the state machine's input).",
+            |g| g.score,
+        ),
+        (
+            "hermes_channel_health_weight",
+            "Weight factor the state (or a pin) implies, 0 .. 1, before the scheduler's shares.",
+            |g| Some(g.health_weight),
+        ),
+        (
+            "hermes_channel_pinned",
+            "1 while an operator pin holds the channel's weight.",
+            |g| Some(f64::from(u8::from(g.pinned))),
+        ),
+        (
+            "hermes_channel_error_ratio",
+            "Hard-failure rate over the short window.",
+            |g| g.error_rate,
+        ),
+        (
+            "hermes_channel_bad_outcome_ratio",
+            "Hard failures and bad answers (truncated, garbled, schema-invalid, short) over judged outcomes.",
+            |g| g.failure_rate,
+        ),
+];
+
+/// The rows of a channel gauge with a third label beside group and
+/// channel: `values` gives each channel's (label value, value) pairs.
+fn per_label<'a>(
+    channels: &'a BTreeMap<String, ChannelGauges>,
+    label: &'static str,
+    values: impl Fn(&'a ChannelGauges) -> Vec<(&'a str, f64)>,
+) -> Vec<(Labels<'a>, f64)> {
+    let mut rows = Vec::new();
+    for (id, g) in channels {
+        for (x, v) in values(g) {
+            let labels = vec![
+                ("group", g.group.as_str()),
+                ("channel", id.as_str()),
+                (label, x),
+            ];
+            rows.push((labels, v));
+        }
+    }
+    rows
+}
+
 /// One gauge family: name, help, unit, and a value per label set.
 fn gauges<'a>(
     enc: &mut DescriptorEncoder,
@@ -713,79 +788,24 @@ impl Metrics {
                 })
                 .collect()
         };
-        gauges(
-            enc,
-            "hermes_channel_score",
-            "Health score, 0 healthy .. 1 failing (the state machine's input).",
-            None,
-            rows(&|g| g.score),
-        )?;
-        gauges(
-            enc,
-            "hermes_channel_health_weight",
-            "Weight factor the state (or a pin) implies, 0 .. 1, before the scheduler's shares.",
-            None,
-            rows(&|g| Some(g.health_weight)),
-        )?;
-        gauges(
-            enc,
-            "hermes_channel_pinned",
-            "1 while an operator pin holds the channel's weight.",
-            None,
-            rows(&|g| Some(f64::from(u8::from(g.pinned)))),
-        )?;
-        gauges(
-            enc,
-            "hermes_channel_error_ratio",
-            "Hard-failure rate over the short window.",
-            None,
-            rows(&|g| g.error_rate),
-        )?;
-        gauges(enc, "hermes_channel_bad_outcome_ratio", "Hard failures and bad answers (truncated, garbled, schema-invalid, short) over judged outcomes.", None, rows(&|g| g.failure_rate))?;
+        for (name, help, read) in CHANNEL_GAUGES {
+            gauges(enc, name, help, None, rows(&read))?;
+        }
         // Window quantiles of a t-digest, not a summary: promlint reserves
         // the `quantile` label for summaries, so the label is `percentile`.
-        let mut latency = Vec::new();
-        for (id, g) in &channels {
-            for (pct, v) in [("50", g.p50_ms), ("99", g.p99_ms)] {
-                if let Some(v) = v {
-                    latency.push((
-                        vec![
-                            ("group", g.group.as_str()),
-                            ("channel", id.as_str()),
-                            ("percentile", pct),
-                        ],
-                        v / 1000.0,
-                    ));
-                }
-            }
-        }
-        let mut signals = Vec::new();
-        for (id, g) in &channels {
-            for (signal, v) in g.measured() {
-                signals.push((
-                    vec![
-                        ("group", g.group.as_str()),
-                        ("channel", id.as_str()),
-                        ("signal", signal.name()),
-                    ],
-                    v,
-                ));
-            }
-        }
+        let latency = per_label(&channels, "percentile", |g| {
+            [("50", g.p50_ms), ("99", g.p99_ms)]
+                .into_iter()
+                .filter_map(|(pct, v)| v.map(|v| (pct, v / 1000.0)))
+                .collect()
+        });
+        let signals = per_label(&channels, "signal", |g| {
+            g.measured().map(|(k, v)| (k.name(), v)).collect()
+        });
         gauges(enc, "hermes_channel_signal", "Each measured signal in its own unit (the signal label names it: _ms, _rate, relative_ ratios); too few samples: absent.", None, signals)?;
-        let mut contributions = Vec::new();
-        for (id, g) in &channels {
-            for (signal, c) in g.contributions() {
-                contributions.push((
-                    vec![
-                        ("group", g.group.as_str()),
-                        ("channel", id.as_str()),
-                        ("signal", signal.name()),
-                    ],
-                    c,
-                ));
-            }
-        }
+        let contributions = per_label(&channels, "signal", |g| {
+            g.contributions().map(|(k, c)| (k.name(), c)).collect()
+        });
         gauges(
             enc,
             "hermes_channel_score_contribution",
@@ -800,20 +820,12 @@ impl Metrics {
             Some(Unit::Seconds),
             latency,
         )?;
-        let mut states = Vec::new();
-        for (id, g) in &channels {
-            for s in STATES {
-                let on = g.state == s.as_str();
-                states.push((
-                    vec![
-                        ("group", g.group.as_str()),
-                        ("channel", id.as_str()),
-                        ("state", s.as_str()),
-                    ],
-                    f64::from(u8::from(on)),
-                ));
-            }
-        }
+        let states = per_label(&channels, "state", |g| {
+            STATES
+                .iter()
+                .map(|s| (s.as_str(), f64::from(u8::from(g.state == s.as_str()))))
+                .collect()
+        });
         gauges(
             enc,
             "hermes_channel_state",
@@ -825,33 +837,9 @@ impl Metrics {
 
     /// Per group this instance writes.
     fn encode_groups(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let splits = lock(&self.splits).clone();
-        let split_rows: Vec<(String, String, String, f64)> = splits
-            .iter()
-            .flat_map(|(g, chans)| {
-                chans.iter().map(move |(c, parts)| {
-                    let list = parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
-                    (g.clone(), c.clone(), list.join(","), parts.len() as f64)
-                })
-            })
-            .collect();
-        gauges(
-            enc,
-            "hermes_channel_split_partitions",
-            "Request partitions a channel's events reach when more than one (gateways with different partitioners); absent when one.",
-            None,
-            split_rows.iter().map(|(g, c, p, n)| {
-                (
-                    vec![
-                        ("group", g.as_str()),
-                        ("channel", c.as_str()),
-                        ("partitions", p.as_str()),
-                    ],
-                    *n,
-                )
-            }),
-        )?;
+        self.encode_splits(enc)?;
         let groups = lock(&self.groups).clone();
+        self.encode_weights(enc, &groups)?;
         let now = crate::wall_clock::now_ms();
         let per_group = |f: &dyn Fn(&GroupGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
             groups
@@ -859,49 +847,6 @@ impl Metrics {
                 .filter_map(|(id, g)| f(g).map(|v| (vec![("group", id.as_str())], v)))
                 .collect()
         };
-        let mut weights = Vec::new();
-        let mut shed = Vec::new();
-        for (group, g) in &groups {
-            for ((class, channel), w) in &g.weights {
-                weights.push((
-                    vec![
-                        ("group", group.as_str()),
-                        ("class", class.as_str()),
-                        ("channel", channel.as_str()),
-                    ],
-                    *w,
-                ));
-            }
-            for (class, x) in &g.shed {
-                shed.push((
-                    vec![("group", group.as_str()), ("class", class.as_str())],
-                    *x,
-                ));
-            }
-        }
-        gauges(
-            enc,
-            "hermes_channel_weight",
-            "Published routing weight per class (what gateways read).",
-            None,
-            weights,
-        )?;
-        gauges(
-            enc,
-            "hermes_group_shed_ratio",
-            "Published share of a class's requests to shed.",
-            None,
-            shed,
-        )?;
-        let changes = lock(&self.weight_changes).clone();
-        counters(
-            enc,
-            "hermes_channel_weight_changes",
-            "Published weight changes of a channel (any class).",
-            changes
-                .iter()
-                .map(|((g, c), n)| (vec![("group", g.as_str()), ("channel", c.as_str())], *n)),
-        )?;
         gauges(
             enc,
             "hermes_group_snapshot_version",
@@ -954,11 +899,109 @@ impl Metrics {
             per_group(&|g| g.budget_per_hour),
         )
     }
+
+    /// Channels whose events reach more than one request partition.
+    fn encode_splits(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let splits = lock(&self.splits).clone();
+        let split_rows: Vec<(String, String, String, f64)> = splits
+            .iter()
+            .flat_map(|(g, chans)| {
+                chans.iter().map(move |(c, parts)| {
+                    let list = parts.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+                    (g.clone(), c.clone(), list.join(","), parts.len() as f64)
+                })
+            })
+            .collect();
+        gauges(
+            enc,
+            "hermes_channel_split_partitions",
+            "Request partitions a channel's events reach when more than one (gateways with different partitioners); absent when one.",
+            None,
+            split_rows.iter().map(|(g, c, p, n)| {
+                (
+                    vec![
+                        ("group", g.as_str()),
+                        ("channel", c.as_str()),
+                        ("partitions", p.as_str()),
+                    ],
+                    *n,
+                )
+            }),
+        )
+    }
+
+    /// The published weights and shed shares, and how often they changed.
+    fn encode_weights(
+        &self,
+        enc: &mut DescriptorEncoder,
+        groups: &BTreeMap<String, GroupGauges>,
+    ) -> std::fmt::Result {
+        let mut weights = Vec::new();
+        let mut shed = Vec::new();
+        for (group, g) in groups {
+            for ((class, channel), w) in &g.weights {
+                weights.push((
+                    vec![
+                        ("group", group.as_str()),
+                        ("class", class.as_str()),
+                        ("channel", channel.as_str()),
+                    ],
+                    *w,
+                ));
+            }
+            for (class, x) in &g.shed {
+                shed.push((
+                    vec![("group", group.as_str()), ("class", class.as_str())],
+                    *x,
+                ));
+            }
+        }
+        gauges(
+            enc,
+            "hermes_channel_weight",
+            "Published routing weight per class (what gateways read).",
+            None,
+            weights,
+        )?;
+        gauges(
+            enc,
+            "hermes_group_shed_ratio",
+            "Published share of a class's requests to shed.",
+            None,
+            shed,
+        )?;
+        let changes = lock(&self.weight_changes).clone();
+        counters(
+            enc,
+            "hermes_channel_weight_changes",
+            "Published weight changes of a channel (any class).",
+            changes
+                .iter()
+                .map(|((g, c), n)| (vec![("group", g.as_str()), ("channel", c.as_str())], *n)),
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dependency_each_request_loop_checks_is_down_while_any_loop_sees_it_down() {
+        let r = Readiness::default();
+        r.set_assigned();
+        let down = || Some("no broker connection up".to_string());
+        r.set_lane(0, Dependency::Kafka, "b:9092", down());
+        r.set_lane(1, Dependency::Kafka, "b:9092", down());
+        r.set_lane(0, Dependency::Kafka, "b:9092", None);
+        let why = r.check().unwrap_err().join("; ");
+        assert!(
+            why.contains("kafka: request loop 1: no broker connection up"),
+            "{why}"
+        );
+        r.set_lane(1, Dependency::Kafka, "b:9092", None);
+        assert!(r.check().is_ok());
+    }
     use std::sync::Arc;
 
     #[test]

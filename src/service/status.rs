@@ -87,96 +87,67 @@ pub fn fmt_signals(s: &[(String, f64)]) -> String {
 impl StatusView {
     /// The tables for people, with the legend.
     pub fn render(&self) -> String {
+        use crate::text_table::{Align, Table};
         let mut s = String::new();
         let _ = writeln!(s, "{} at {}\n", self.source, utc(self.generated_ms));
         if self.groups.is_empty() {
             let _ = writeln!(s, "no group written yet (no snapshot here)");
         } else {
-            let _ = writeln!(
-                s,
-                "{:<14} {:>14} {:>8} {:>7} {:<7} {:<24} {:>10}  NOTE",
-                "GROUP", "WRITER EPOCH", "VERSION", "AGE", "MODE", "SHED", "SPEND/h"
-            );
+            let mut groups = Table::new(&[
+                ("GROUP", Align::Left),
+                ("WRITER EPOCH", Align::Right),
+                ("VERSION", Align::Right),
+                ("AGE", Align::Right),
+                ("MODE", Align::Left),
+                ("SHED", Align::Left),
+                ("SPEND/h", Align::Right),
+                ("NOTE", Align::Left),
+            ]);
+            for g in &self.groups {
+                let shed: BTreeMap<String, f64> = g
+                    .shed
+                    .iter()
+                    .filter(|(_, x)| **x > 0.0)
+                    .map(|(c, x)| (c.clone(), *x))
+                    .collect();
+                groups.row([
+                    g.group.clone(),
+                    g.epoch.map_or("-".into(), |e| e.to_string()),
+                    g.version.map_or("-".into(), |v| v.to_string()),
+                    g.age_ms.map_or("-".into(), age),
+                    if g.manual { "FROZEN" } else { "auto" }.to_string(),
+                    fmt_weights(&shed),
+                    g.projected_spend_per_hour
+                        .map_or("-".into(), |x| format!("{x:.2}")),
+                    g.note.clone().unwrap_or_default(),
+                ]);
+            }
+            s.push_str(&groups.render());
         }
-        for g in &self.groups {
-            let shed: BTreeMap<String, f64> = g
-                .shed
-                .iter()
-                .filter(|(_, x)| **x > 0.0)
-                .map(|(c, x)| (c.clone(), *x))
-                .collect();
-            let _ = writeln!(
-                s,
-                "{:<14} {:>14} {:>8} {:>7} {:<7} {:<24} {:>10}  {}",
-                g.group,
-                g.epoch.map_or("-".into(), |e| e.to_string()),
-                g.version.map_or("-".into(), |v| v.to_string()),
-                g.age_ms.map_or("-".into(), age),
-                if g.manual { "FROZEN" } else { "auto" },
-                fmt_weights(&shed),
-                g.projected_spend_per_hour
-                    .map_or("-".into(), |x| format!("{x:.2}")),
-                g.note.as_deref().unwrap_or(""),
-            );
+        let mut channels = Table::new(&[
+            ("CHANNEL", Align::Left),
+            ("GROUP", Align::Left),
+            ("STATE", Align::Left),
+            ("SCORE", Align::Right),
+            ("WHY (top signals)", Align::Left),
+            ("WEIGHTS", Align::Left),
+            ("PIN", Align::Left),
+        ])
+        .min_width(0, 16)
+        .min_width(1, 12)
+        .min_width(2, 10);
+        for c in &self.channels {
+            channels.row([
+                c.channel.clone(),
+                c.group.clone(),
+                c.state.clone(),
+                c.score.map_or("-".into(), |v| format!("{v:.2}")),
+                fmt_signals(&c.signals),
+                fmt_weights(&c.weights),
+                c.pin.clone().unwrap_or_else(|| "-".into()),
+            ]);
         }
-        // Columns as wide as their widest cell, so a long WHY never runs
-        // into WEIGHTS.
-        let rows: Vec<[String; 6]> = self
-            .channels
-            .iter()
-            .map(|c| {
-                [
-                    c.channel.clone(),
-                    c.group.clone(),
-                    c.state.clone(),
-                    c.score.map_or("-".into(), |v| format!("{v:.2}")),
-                    fmt_signals(&c.signals),
-                    fmt_weights(&c.weights),
-                ]
-            })
-            .collect();
-        let header = [
-            "CHANNEL",
-            "GROUP",
-            "STATE",
-            "SCORE",
-            "WHY (top signals)",
-            "WEIGHTS",
-        ];
-        let width = |i: usize, min: usize| {
-            rows.iter()
-                .map(|r| r[i].chars().count())
-                .chain([header[i].len(), min])
-                .max()
-                .unwrap_or(min)
-        };
-        let w: Vec<usize> = [16, 12, 10, 5, 0, 0]
-            .iter()
-            .enumerate()
-            .map(|(i, min)| width(i, *min))
-            .collect();
-        let line = |cells: [&str; 6], pin: &str| {
-            format!(
-                "{:<w0$} {:<w1$} {:<w2$} {:>w3$}  {:<w4$} {:<w5$} {pin}",
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                cells[4],
-                cells[5],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3],
-                w4 = w[4],
-                w5 = w[5],
-            )
-        };
-        let _ = writeln!(s, "\n{}", line(header, "PIN"));
-        for (c, r) in self.channels.iter().zip(&rows) {
-            let cells = r.each_ref().map(String::as_str);
-            let _ = writeln!(s, "{}", line(cells, c.pin.as_deref().unwrap_or("-")));
-        }
+        let _ = write!(s, "\n{}", channels.render());
         let _ = write!(s, "\n{LEGEND}");
         s
     }

@@ -385,49 +385,52 @@ pub fn table(r: &Report) -> String {
 
 /// One row per channel.
 fn channel_table(channels: &[ChannelReport]) -> String {
-    let mut s = format!(
-        "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
-        "channel",
-        "faulty",
-        "fault_s",
-        "detect_s",
-        "drain_s",
-        "recov_s",
-        "nth→drn",
-        "flaps",
-        "retrips",
-        "drains",
-        "readmit",
-        "pages",
-        "false_drain",
-        "served",
-        "harmed"
+    use crate::text_table::{Align, Table};
+    let mut columns = vec![("channel", Align::Left)];
+    columns.extend(
+        [
+            "faulty",
+            "fault_s",
+            "detect_s",
+            "drain_s",
+            "recov_s",
+            "nth→drn",
+            "flaps",
+            "retrips",
+            "drains",
+            "readmit",
+            "pages",
+            "false_drain",
+            "served",
+            "harmed",
+        ]
+        .map(|h| (h, Align::Right)),
     );
+    let mut t = Table::new(&columns).min_width(0, 14);
     for c in channels {
         let window = match (c.fault_start_s, c.fault_end_s) {
             (Some(a), Some(b)) => format!("{a:.0}-{b:.0}"),
             _ => "-".into(),
         };
-        s.push_str(&format!(
-            "{:<14} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>7} {:>6} {:>11} {:>9} {:>8}\n",
-            c.id,
-            c.faulty,
+        t.row([
+            c.id.clone(),
+            c.faulty.to_string(),
             window,
             opt(c.detect_s),
             opt(c.drain_s),
             opt(c.recover_s),
             opt(c.nth_failure_to_drain_s),
-            c.flaps,
-            c.retrips,
-            c.drains,
-            c.readmissions,
-            c.pages,
-            c.false_drain,
-            c.served,
-            c.harmed
-        ));
+            c.flaps.to_string(),
+            c.retrips.to_string(),
+            c.drains.to_string(),
+            c.readmissions.to_string(),
+            c.pages.to_string(),
+            c.false_drain.to_string(),
+            c.served.to_string(),
+            c.harmed.to_string(),
+        ]);
     }
-    s
+    t.render()
 }
 
 /// What users saw against static weights, spend, overload and alerts.
