@@ -224,6 +224,12 @@ pub struct ServiceConfig {
     /// event time to `wall clock - engine.allowed_lateness_ms`, so ticks,
     /// cool-downs and the silent-channel alarm still run.
     pub idle_advance_ms: i64,
+    /// After the broker was unreachable, no idle partition advances its
+    /// event time for this long: the gateways' producers reconnect
+    /// (librdkafka backs off up to 10 s) and deliver what they queued
+    /// during the outage, and an advance before that would make all of it
+    /// too late.
+    pub outage_grace_ms: i64,
     /// A request record larger than this is dead-lettered as `oversize`
     /// without being decoded: an event is a few hundred bytes, and a
     /// multi-megabyte string in one would be copied and hashed for nothing.
@@ -231,8 +237,8 @@ pub struct ServiceConfig {
     /// Request loops per instance, each on its own thread and each a
     /// member of the consumer group with partitions of its own (a
     /// partition's events stay in order on one thread). More than the
-    /// partitions an instance gets leaves the extra loops idle. 0: one per
-    /// core.
+    /// partitions an instance gets leaves the extra loops idle. 0 (the
+    /// default): one per core.
     pub request_threads: u32,
     /// The bearer token the control API (`hermes ctl`) requires for every
     /// change; empty: changes are refused. The environment variable
@@ -290,8 +296,9 @@ impl Default for ServiceConfig {
             reload_check_ms: 5_000,
             http_listen: "127.0.0.1:9464".into(),
             idle_advance_ms: 5_000,
+            outage_grace_ms: 30_000,
             max_record_bytes: 65_536,
-            request_threads: 1,
+            request_threads: 0,
             control_token: String::new(),
             control_token_file: String::new(),
             override_poll_ms: 1_000,
@@ -307,6 +314,7 @@ impl ServiceConfig {
             ("dedup_horizon_ms", self.dedup_horizon_ms),
             ("commit_interval_ms", self.commit_interval_ms),
             ("idle_advance_ms", self.idle_advance_ms),
+            ("outage_grace_ms", self.outage_grace_ms),
             ("override_poll_ms", self.override_poll_ms),
             ("override_tombstone_ms", self.override_tombstone_ms),
         ] {

@@ -240,6 +240,8 @@ impl Service {
             dead_letters: Arc::new(std::sync::Mutex::new(crate::alert::DeadLetterRule::new(
                 cfg.alerts.clone(),
             ))),
+            lost: Arc::default(),
+            schemas: Arc::default(),
         };
         let group_loop = groups::GroupLoopParts::beside(&parts, sink, local_rx);
         let request_loops =

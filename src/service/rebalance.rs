@@ -69,6 +69,38 @@ pub(super) struct Held {
     pub(super) lost: bool,
 }
 
+/// Partitions the group took from one of this instance's request loops
+/// without a rebalance (a lost assignment: the broker away past the
+/// session timeout), as that loop left them. Whichever of the instance's
+/// loops the group gives one back to resumes it, rather than rebuilding it
+/// from the saved state and applying the events since the last commit a
+/// second time, if nobody committed past where it was. Kept for at most
+/// the replay window: after that a rebuild is as good.
+#[derive(Default)]
+pub struct LostPartitions {
+    held: HashMap<i32, (Partition, Instant)>,
+}
+
+impl LostPartitions {
+    /// Where the engine of lost partition `p` resumes reading.
+    pub(super) fn position(&self, p: i32) -> Option<i64> {
+        self.held.get(&p).map(|(part, _)| part.next_offset())
+    }
+
+    fn put(&mut self, part: Partition) {
+        self.held.insert(part.id, (part, Instant::now()));
+    }
+
+    fn take(&mut self, p: i32) -> Option<Partition> {
+        self.held.remove(&p).map(|(part, _)| part)
+    }
+
+    /// Drops what was lost longer ago than `keep`.
+    pub(super) fn expire(&mut self, keep: Duration) {
+        self.held.retain(|_, (_, at)| at.elapsed() < keep);
+    }
+}
+
 #[derive(Default)]
 pub(super) struct Shared {
     /// The partitions held when they were last revoked (eager), or lost
@@ -77,6 +109,9 @@ pub(super) struct Shared {
     /// Per partition: the high watermark of the last fetch response, from
     /// librdkafka's statistics, and when it was reported.
     pub(super) high_watermarks: HashMap<i32, (i64, Instant)>,
+    /// The last statistics report with no broker connection up: gateways
+    /// may hold events queued since then (see `service.outage_grace_ms`).
+    pub(super) broker_down_at: Option<Instant>,
     pub(super) events: Vec<RebalanceEvent>,
 }
 
@@ -105,11 +140,15 @@ impl Shared {
 
 /// Prepares offsets on assignment (replay start) and commits on revocation.
 pub(super) struct RequestContext {
+    /// Which of the instance's request loops (each its own consumer).
+    pub(super) lane: usize,
     /// `kafka.brokers`, for readiness reports.
     pub(super) brokers: String,
     pub(super) topic: String,
     pub(super) replay_ms: i64,
     pub(super) shared: Arc<Mutex<Shared>>,
+    /// The instance's lost partitions (shared by its request loops).
+    pub(super) lost: Arc<Mutex<LostPartitions>>,
     pub(super) producer: Arc<OutputProducer>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) quiet: super::kafka::QuietLog,
@@ -133,7 +172,10 @@ impl ClientContext for RequestContext {
         let problem = (!up).then(|| "no broker connection up".to_string());
         self.metrics
             .readiness
-            .set(Dependency::Kafka, &self.brokers, problem);
+            .set_lane(self.lane, Dependency::Kafka, &self.brokers, problem);
+        if !up {
+            lock(&self.shared).broker_down_at = Some(Instant::now());
+        }
         if let Some(t) = stats.topics.get(&self.topic) {
             let now = Instant::now();
             let mut shared = lock(&self.shared);
@@ -176,8 +218,24 @@ impl RequestContext {
         c: &BaseConsumer<RequestContext>,
         tpl: &mut TopicPartitionList,
     ) -> Vec<Assigned> {
-        let positions = std::mem::take(&mut lock(&self.shared).positions);
+        let mut positions = std::mem::take(&mut lock(&self.shared).positions);
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        {
+            // Lost by another of the instance's loops (or by this one, its
+            // revocation already applied).
+            let lost = lock(&self.lost);
+            for p in &partitions {
+                if let (false, Some(position)) = (positions.contains_key(p), lost.position(*p)) {
+                    positions.insert(
+                        *p,
+                        Held {
+                            position,
+                            lost: true,
+                        },
+                    );
+                }
+            }
+        }
         let mut fresh = TopicPartitionList::new();
         let mut unsure = TopicPartitionList::new();
         for p in &partitions {
@@ -422,22 +480,35 @@ impl ConsumerContext for RequestContext {
 }
 
 /// Applies one rebalance event to the loop's partitions. Revoked ones are
-/// dropped (cooperative, handed over) or deactivated (eager, or lost: the
-/// next assignment says which stay, and drops the rest). On assignment,
-/// those not held before, or no longer held, are built by `build` (which
-/// restores their saved state once for all of them), and the ones kept are
-/// active again.
+/// dropped (cooperative, handed over), deactivated (eager: the next
+/// assignment says which stay) or, lost, put with the instance's
+/// [`LostPartitions`]. On assignment, the kept ones are active again (a
+/// lost one taken back from there), and those not held before are built by
+/// `build` (which restores their saved state once for all of them).
 pub(super) fn apply(
     partitions: &mut BTreeMap<i32, Partition>,
     ev: RebalanceEvent,
     metrics: &Metrics,
+    lost_partitions: &Mutex<LostPartitions>,
     build: impl FnOnce(&[Assigned]) -> Vec<Partition>,
 ) {
     let forget = |partitions: &mut BTreeMap<i32, Partition>, p: i32| {
-        partitions.remove(&p);
         metrics.forget_partition(p);
+        partitions.remove(&p)
     };
     match ev {
+        RebalanceEvent::Revoked {
+            partitions: ps,
+            lost: true,
+        } => {
+            let ps = ps.unwrap_or_else(|| partitions.keys().copied().collect());
+            let mut stash = lock(lost_partitions);
+            for p in ps {
+                if let Some(part) = forget(partitions, p) {
+                    stash.put(part);
+                }
+            }
+        }
         RebalanceEvent::Revoked {
             partitions: None, ..
         } => {
@@ -447,16 +518,25 @@ pub(super) fn apply(
         }
         RebalanceEvent::Revoked {
             partitions: Some(ps),
-            lost,
+            ..
         } => {
             for p in ps {
-                match partitions.get_mut(&p) {
-                    Some(part) if lost => part.active = false,
-                    _ => forget(partitions, p),
-                }
+                forget(partitions, p);
             }
         }
         RebalanceEvent::Assigned { list, incremental } => {
+            {
+                let mut stash = lock(lost_partitions);
+                for a in &list {
+                    match stash.take(a.partition) {
+                        Some(part) if a.kept && !partitions.contains_key(&a.partition) => {
+                            partitions.insert(a.partition, part);
+                        }
+                        // Moved on without us, or held here already.
+                        _ => {}
+                    }
+                }
+            }
             let keep: Vec<(i32, Option<i64>)> = list
                 .iter()
                 .filter(|a| a.kept)
@@ -464,14 +544,9 @@ pub(super) fn apply(
                 .collect();
             let kept = |p: &i32| keep.iter().any(|(k, _)| k == p);
             // Eager: the assignment is the whole of it. Cooperative: it adds
-            // to the active ones; an inactive one (lost) not kept now is
-            // another member's.
-            {
-                let gone: Vec<i32> = partitions
-                    .iter()
-                    .filter(|(p, part)| (!incremental || !part.active) && !kept(p))
-                    .map(|(p, _)| *p)
-                    .collect();
+            // to the ones held.
+            if !incremental {
+                let gone: Vec<i32> = partitions.keys().filter(|p| !kept(p)).copied().collect();
                 for p in gone {
                     forget(partitions, p);
                 }
@@ -567,59 +642,73 @@ mod tests {
     }
 
     /// The broker restart drill: the session timed out while the broker was
-    /// away, the group took every partition and gave two back. What the loop
-    /// built for those is resumed, not rebuilt from the saved state (which
-    /// would apply the events since the last commit a second time); the
-    /// third is another member's now.
+    /// away, the group took every partition from one request loop and gave
+    /// two back, one of them to the instance's other loop. What the first
+    /// loop built for them is resumed, not rebuilt from the saved state
+    /// (which would apply the events since the last commit a second time);
+    /// the third is another member's.
     #[test]
-    fn a_lost_partition_that_comes_back_is_resumed_and_one_that_does_not_is_dropped() {
+    fn a_lost_partition_that_comes_back_to_any_loop_is_resumed() {
         let metrics = Metrics::default();
-        let mut parts = held(&[0, 1, 2]);
+        let stash = Mutex::new(LostPartitions::default());
+        let mut lane0 = held(&[0, 1, 2]);
+        let mut lane1 = BTreeMap::new();
         let lost = RebalanceEvent::Revoked {
             partitions: Some(vec![0, 1, 2]),
             lost: true,
         };
-        apply(&mut parts, lost, &metrics, |_| panic!("nothing to build"));
-        assert_eq!(parts.len(), 3);
-        assert!(parts.values().all(|p| !p.active));
-        let back = RebalanceEvent::Assigned {
-            list: vec![assigned(0, true), assigned(1, true)],
+        apply(&mut lane0, lost, &metrics, &stash, |_| {
+            panic!("nothing to build")
+        });
+        assert!(lane0.is_empty());
+        assert_eq!(lock(&stash).position(1), Some(0));
+        let back = |ps: &[i32]| RebalanceEvent::Assigned {
+            list: ps.iter().map(|&p| assigned(p, true)).collect(),
             incremental: true,
         };
-        apply(&mut parts, back, &metrics, |fresh| {
+        let nothing = |fresh: &[Assigned]| {
             assert!(fresh.is_empty(), "kept partitions are not rebuilt");
             Vec::new()
-        });
-        assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
-        assert!(parts.values().all(|p| p.active));
+        };
+        apply(&mut lane0, back(&[0]), &metrics, &stash, nothing);
+        apply(&mut lane1, back(&[1]), &metrics, &stash, nothing);
+        assert_eq!(lane0.keys().copied().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(lane1.keys().copied().collect::<Vec<_>>(), vec![1]);
         // The queued events behind the new high watermark come first: no
         // report and no idle advance of event time before them.
-        assert!(parts.values().all(|p| !p.caught_up()));
+        assert!(lane0
+            .values()
+            .chain(lane1.values())
+            .all(|p| p.active && !p.caught_up()));
+        // Partition 2 went elsewhere; its stash entry goes with the replay
+        // window.
+        lock(&stash).expire(Duration::ZERO);
+        assert_eq!(lock(&stash).position(2), None);
         // Handed over (not lost): dropped at once.
         let handed = RebalanceEvent::Revoked {
             partitions: Some(vec![1]),
             lost: false,
         };
-        apply(&mut parts, handed, &metrics, |_| Vec::new());
-        assert_eq!(parts.keys().copied().collect::<Vec<_>>(), vec![0]);
+        apply(&mut lane1, handed, &metrics, &stash, |_| Vec::new());
+        assert!(lane1.is_empty() && lock(&stash).position(1).is_none());
         // A lost one whose position someone committed past comes back
         // unkept (see `plan_assignment`): it is built afresh.
         let lost = RebalanceEvent::Revoked {
             partitions: Some(vec![0]),
             lost: true,
         };
-        apply(&mut parts, lost, &metrics, |_| Vec::new());
+        apply(&mut lane0, lost, &metrics, &stash, |_| Vec::new());
         let moved_on = RebalanceEvent::Assigned {
             list: vec![assigned(0, false)],
             incremental: true,
         };
         let mut built = Vec::new();
-        apply(&mut parts, moved_on, &metrics, |fresh| {
+        apply(&mut lane0, moved_on, &metrics, &stash, |fresh| {
             built.extend(fresh.iter().map(|a| a.partition));
             held(&[0]).into_values().collect()
         });
         assert_eq!(built, vec![0]);
-        assert!(parts[&0].active);
+        assert!(lane0[&0].active && lock(&stash).position(0).is_none());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Schema Registry client: writer schemas of Confluent-framed records by id
-//! (`GET /schemas/ids/{id}`), fetched once and cached in the codec's
+//! (`GET /schemas/ids/{id}`), fetched once per instance (its request loops
+//! share what they fetched) and cached in each loop's codec
 //! [`SchemaCache`].
 //!
 //! `ureq` over `http://` or `https://` (native-tls: the system OpenSSL),
@@ -16,7 +17,12 @@
 
 use crate::codec::SchemaCache;
 use crate::config::KafkaConfig;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Writer schemas (their JSON, by id) one of an instance's request loops
+/// fetched, for the others: the registry is asked once per instance.
+pub type FetchedSchemas = Arc<Mutex<ahash::AHashMap<u32, String>>>;
 
 pub struct Registry {
     agent: ureq::Agent,
@@ -25,6 +31,8 @@ pub struct Registry {
     /// The `Authorization` header value, if any.
     auth: Option<String>,
     pub cache: SchemaCache,
+    /// What the instance's request loops fetched so far.
+    fetched: FetchedSchemas,
     /// Ids the registry answered 404 for, and until when that is believed.
     missing: ahash::AHashMap<u32, Instant>,
     missing_ttl: Duration,
@@ -91,9 +99,16 @@ impl Registry {
             base: k.schema_registry_url.trim_end_matches('/').to_string(),
             auth,
             cache: SchemaCache::default(),
+            fetched: FetchedSchemas::default(),
             missing: ahash::AHashMap::new(),
             missing_ttl: Duration::from_millis(k.schema_registry_missing_ttl_ms.max(0) as u64),
         })
+    }
+
+    /// Shares what it fetches with the instance's other request loops.
+    pub fn sharing(mut self, fetched: FetchedSchemas) -> Registry {
+        self.fetched = fetched;
+        self
     }
 
     /// The registry's base URL, for logs (it carries no secret: credentials
@@ -154,6 +169,12 @@ impl Registry {
             }
             self.missing.remove(&id);
         }
+        let known = crate::service::rebalance::lock(&self.fetched)
+            .get(&id)
+            .cloned();
+        if let Some(schema) = known {
+            return Ok(self.cache_schema(id, &schema));
+        }
         let mut req = self
             .agent
             .get(&format!("{}/schemas/ids/{id}", self.base))
@@ -184,12 +205,20 @@ impl Registry {
             .map_err(|e| format!("schema registry: reading the body: {e}"))?;
         let body: Body = serde_json::from_str(&text)
             .map_err(|e| format!("schema registry: unexpected body: {e}"))?;
-        match self.cache.insert_json(id, &body.schema) {
-            Ok(()) => Ok(Lookup::Found),
+        let found = self.cache_schema(id, &body.schema);
+        if found == Lookup::Found {
+            crate::service::rebalance::lock(&self.fetched).insert(id, body.schema);
+        }
+        Ok(found)
+    }
+
+    fn cache_schema(&mut self, id: u32, schema: &str) -> Lookup {
+        match self.cache.insert_json(id, schema) {
+            Ok(()) => Lookup::Found,
             Err(e) => {
                 tracing::warn!(schema_id = id, error = %e, "registry schema does not parse");
                 self.missing.insert(id, Instant::now() + self.missing_ttl);
-                Ok(Lookup::Missing)
+                Lookup::Missing
             }
         }
     }
@@ -333,6 +362,23 @@ mod tests {
             head.contains("Authorization: Basic a2V5OnNlY3JldA=="),
             "{head}"
         );
+    }
+
+    #[test]
+    fn an_instance_asks_once_for_all_its_request_loops() {
+        let schema = include_str!("../../schemas/request_event.avsc");
+        let body = serde_json::json!({ "schema": schema }).to_string();
+        let (url, heads) = serve(2, "200 OK", body);
+        let shared = FetchedSchemas::default();
+        let k = kafka(&url);
+        let mut lane0 = Registry::new(&k).unwrap().sharing(shared.clone());
+        let mut lane1 = Registry::new(&k).unwrap().sharing(shared);
+        assert_eq!(lane0.fetch(7), Ok(Lookup::Found));
+        assert_eq!(lane1.fetch(7), Ok(Lookup::Found));
+        use crate::codec::SchemaLookup;
+        assert!(lane1.cache.writer_schema(7).is_some());
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(heads.try_iter().count(), 1, "asked once");
     }
 
     #[test]

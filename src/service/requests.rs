@@ -34,7 +34,7 @@ use super::overrides::Overrides;
 use super::partition::{
     Applied, Hint, Lookahead, OutputSink, Outputs, Partition, Position, Refused, Step,
 };
-use super::rebalance::{self, lock, Assigned, RequestContext, Shared};
+use super::rebalance::{self, lock, Assigned, LostPartitions, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore, StateWrite};
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
@@ -91,6 +91,11 @@ pub struct LoopParts {
     /// DECODE_ERROR_SPIKE over every record the instance reads, shared by
     /// its request loops.
     pub dead_letters: Arc<Mutex<crate::alert::DeadLetterRule>>,
+    /// Partitions a request loop lost without a rebalance, for whichever
+    /// loop gets them back (see [`LostPartitions`]).
+    pub lost: Arc<Mutex<LostPartitions>>,
+    /// Writer schemas fetched by any of the instance's request loops.
+    pub schemas: super::registry::FetchedSchemas,
 }
 
 struct LoopState {
@@ -110,6 +115,7 @@ struct LoopState {
     lane: usize,
     /// DECODE_ERROR_SPIKE over every record this instance reads.
     dead_letters: Arc<Mutex<crate::alert::DeadLetterRule>>,
+    lost: Arc<Mutex<LostPartitions>>,
     emitter: Emitter,
     overrides: tokio::sync::watch::Receiver<Arc<Overrides>>,
     /// The last consumer error logged, and when.
@@ -138,11 +144,13 @@ impl RequestLoop {
         let k = &parts.runtime.kafka;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let ctx = RequestContext {
+            lane: parts.lane,
             brokers: k.brokers.clone(),
             topic: k.request_topic.clone(),
             replay_ms: cfg.engine.long_window_ms.max(cfg.engine.short_window_ms)
                 + cfg.engine.allowed_lateness_ms,
             shared: shared.clone(),
+            lost: parts.lost.clone(),
             producer: parts.producer.clone(),
             metrics: parts.metrics.clone(),
             quiet: kafka::QuietLog::default(),
@@ -178,7 +186,7 @@ impl RequestLoop {
         let registry = if k.schema_registry_url.is_empty() {
             None
         } else {
-            Some(Registry::new(k)?)
+            Some(Registry::new(k)?.sharing(parts.schemas.clone()))
         };
         let emitter = Emitter {
             runtime: parts.runtime.clone(),
@@ -205,6 +213,7 @@ impl RequestLoop {
                 stop: parts.stop,
                 lane: parts.lane,
                 dead_letters: parts.dead_letters,
+                lost: parts.lost,
                 emitter,
                 overrides: parts.overrides,
                 last_consumer_error: None,
@@ -438,7 +447,10 @@ impl LoopState {
     fn housekeeping(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
         self.reload_config();
         // One copy of librdkafka's fetch reports per round, for both uses.
-        let known = lock(&self.shared).high_watermarks.clone();
+        let (known, broker_down_at) = {
+            let shared = lock(&self.shared);
+            (shared.high_watermarks.clone(), shared.broker_down_at)
+        };
         for (p, part) in self.partitions.iter_mut() {
             if let Some((high, _)) = known.get(p) {
                 part.learn_high_watermark(*high);
@@ -456,7 +468,13 @@ impl LoopState {
             .readiness
             .set_catching_up(self.lane, catching_up as u32);
         self.resume_paused(consumer)?;
-        self.advance_idle(&known)?;
+        let e = &self.cfg.engine;
+        let replay_ms = e.long_window_ms.max(e.short_window_ms) + e.allowed_lateness_ms;
+        lock(&self.lost).expire(Duration::from_millis(replay_ms as u64));
+        let grace = Duration::from_millis(self.runtime.service.outage_grace_ms as u64);
+        if broker_down_at.is_none_or(|t| t.elapsed() >= grace) {
+            self.advance_idle(&known)?;
+        }
         Ok(())
     }
 
@@ -576,7 +594,8 @@ impl LoopState {
         self.metrics.readiness.set_assigned();
         for ev in events {
             let mut partitions = std::mem::take(&mut self.partitions);
-            rebalance::apply(&mut partitions, ev, &self.metrics, |fresh| {
+            let lost = self.lost.clone();
+            rebalance::apply(&mut partitions, ev, &self.metrics, &lost, |fresh| {
                 self.build(fresh)
             });
             self.partitions = partitions;
@@ -877,7 +896,9 @@ impl LoopState {
     /// late and be dropped. No report (a broker that does not answer) is no
     /// proof of idleness either: the partition waits. The report comes from
     /// the statistics callback (`statistics.interval.ms`), so the check asks
-    /// the broker nothing.
+    /// the broker nothing. Within `service.outage_grace_ms` of the broker
+    /// being unreachable nothing advances: the gateways' producers are still
+    /// reconnecting with what they queued meanwhile (the caller checks).
     fn advance_idle(&mut self, known: &HashMap<i32, (i64, Instant)>) -> anyhow::Result<()> {
         let idle = Duration::from_millis(self.runtime.service.idle_advance_ms as u64);
         let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
