@@ -1,0 +1,222 @@
+//! One channel's runtime: its windows, its machine, and what an evaluation
+//! reads from them (the AT_RISK bounds, the episode, the quota burn, the
+//! baseline).
+
+use super::*;
+
+impl QuotaUse {
+    pub(super) fn record(&mut self, t_ms: i64, period_ms: i64) {
+        let start = t_ms.div_euclid(period_ms) * period_ms;
+        if start > self.period_start_ms {
+            *self = QuotaUse {
+                period_start_ms: start,
+                used: 0,
+            };
+        }
+        if start == self.period_start_ms {
+            self.used += 1;
+        }
+    }
+
+    /// (remaining, forecast ms to exhaustion) at `now_ms`, burning at
+    /// `attempts_per_ms`; `None` for the forecast when nothing burns or the
+    /// period ends first (the quota refills then).
+    pub(super) fn forecast(
+        &self,
+        quota: u64,
+        period_ms: i64,
+        now_ms: i64,
+        attempts_per_ms: f64,
+    ) -> (i64, Option<i64>) {
+        let start = now_ms.div_euclid(period_ms) * period_ms;
+        let used = if start == self.period_start_ms {
+            self.used
+        } else {
+            0
+        };
+        let remaining = quota.saturating_sub(used).min(i64::MAX as u64) as i64;
+        if remaining == 0 {
+            return (0, Some(0));
+        }
+        let period_left_ms = start + period_ms - now_ms;
+        let forecast = (attempts_per_ms > 0.0)
+            .then(|| (remaining as f64 / attempts_per_ms) as i64)
+            .filter(|ms| *ms < period_left_ms);
+        (remaining, forecast)
+    }
+}
+
+impl ChannelRuntime {
+    pub(super) fn new(
+        c: &ChannelConfig,
+        group_idx: usize,
+        e: &crate::config::EngineConfig,
+    ) -> ChannelRuntime {
+        // The config and what is kept of it: `configure` below.
+        let mut rt = ChannelRuntime {
+            cfg: c.clone(),
+            group_id: ShortStr::new(""),
+            counts_quota: false,
+            group_idx,
+            ring: SliceRing::new(e.ring_shape()),
+            outcomes: OutcomeWindow::new(e.outcome_window),
+            streak: FailureStreak::default(),
+            probe_streak: 0,
+            baseline: Baseline::new(e.baseline_windows),
+            machine: StateMachine::default(),
+            score: None,
+            score_low: None,
+            score_high: None,
+            score_episode: None,
+            signals: Signals::default(),
+            last_event_ms: None,
+            last_unsent_ms: None,
+            next_baseline_ms: None,
+            latency_median: None,
+            next_median_ms: i64::MIN,
+            frozen_until_ms: None,
+            quota: QuotaUse::default(),
+            touched: false,
+        };
+        rt.configure(c, group_idx);
+        rt
+    }
+
+    /// Takes the channel's config (at start and on every reload) and what
+    /// the entry keeps of it for the hot path.
+    /// The score the channel is judged on: the windows' reading, or for an
+    /// AT_RISK channel the episode's when that is worse (see
+    /// `signals::bad_outcome_rate_episode`).
+    pub(super) fn judged_score(&self) -> Option<Score> {
+        match (self.score, self.score_episode) {
+            (Some(w), Some(e)) if e.value > w.value => Some(e),
+            (w, _) => w,
+        }
+    }
+
+    /// The score read optimistically and pessimistically (see
+    /// `score::optimistic`): what a move down and a move up are judged on.
+    pub(super) fn bounds(
+        &self,
+        horizons: &crate::signals::Horizons,
+        now: i64,
+    ) -> (Option<f64>, Option<f64>) {
+        let policy = &*self.cfg.policy;
+        let z = policy.states.probation_confidence_z;
+        let Some(since) = self.machine.at_risk_since_ms() else {
+            return (
+                Some(optimistic(&self.signals, &policy.signals, z)),
+                Some(pessimistic(&self.signals, &policy.signals, z)),
+            );
+        };
+        // AT_RISK is left, and drained from, only on what the channel did
+        // since it went AT_RISK (see `signals::bad_outcome_rate_since` and
+        // `state`): at its reduced weight the failures that put it there
+        // stay in the windows while new answers arrive slowly, so the
+        // windows' share rises by Hermes' own action.
+        let rate = crate::signals::bad_outcome_rate_since(
+            &self.ring,
+            horizons,
+            &policy.signals,
+            now,
+            since,
+        );
+        let k = SignalKind::BadOutcomeRate as usize;
+        let mut since_at_risk = self.signals.clone();
+        since_at_risk.values[k] = Some(rate.exit);
+        let min = SignalKind::BadOutcomeRate
+            .policy(&policy.signals)
+            .min_samples;
+        let waited = now - since >= policy.states.probation_max_wait_ms;
+        // A sparse channel at its reduced weight cannot bring the evidence
+        // an exit needs in hours (docs/decisions.md#safety-rails: recovery
+        // fits the traffic): after the probation's wait it is judged on the
+        // serving score, whose rates are read at bounds that widen as
+        // evidence thins.
+        let exit = (rate.exit.samples >= min || !waited)
+            .then(|| pessimistic(&since_at_risk, &policy.signals, z));
+        since_at_risk.values[k] = Some(rate.drain);
+        (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
+    }
+
+    /// AT_RISK only: the score with the failure rate of the episode that
+    /// put the channel there (`signals::bad_outcome_rate_episode`).
+    pub(super) fn episode_score(
+        &mut self,
+        horizons: &crate::signals::Horizons,
+        now: i64,
+    ) -> Option<Score> {
+        let since = self.machine.at_risk_since_ms()?;
+        let policy = &*self.cfg.policy;
+        // The windows' signals with the failure rate swapped for the
+        // episode's, scored, then put back (no copy of the rest).
+        let k = SignalKind::BadOutcomeRate as usize;
+        let episode = crate::signals::bad_outcome_rate_episode(
+            &self.ring,
+            horizons,
+            &policy.signals,
+            now,
+            since,
+        );
+        let windows = self.signals.values[k].replace(episode);
+        let judged = score(&self.signals, &policy.signals);
+        self.signals.values[k] = windows;
+        Some(judged)
+    }
+
+    /// No upstream report of the quota left: count against the configured
+    /// quota, at the burn of the long view (probes use quota too).
+    pub(super) fn count_quota(&mut self, long_window_ms: i64, now: i64) {
+        let (Some(quota), None) = (self.cfg.quota, self.signals.quota_remaining) else {
+            return;
+        };
+        let long = self.ring.counters(now, long_window_ms, i64::MIN / 2);
+        let attempts = (long.real.requests + long.probe.requests) as f64;
+        let rate = attempts / long_window_ms as f64;
+        let (remaining, forecast) = self
+            .quota
+            .forecast(quota, self.cfg.quota_period_ms, now, rate);
+        self.signals.quota_remaining = Some(remaining);
+        self.signals.quota_exhausted_in_ms = forecast;
+    }
+
+    /// The baseline learns once per short window, only from a healthy
+    /// channel's scored reading under the AT_RISK score.
+    pub(super) fn learn_baseline(&mut self, now: i64, short_ms: i64) {
+        let next_learn = *self.next_baseline_ms.get_or_insert(now + short_ms);
+        if now < next_learn {
+            return;
+        }
+        self.next_baseline_ms = Some(next_learn + short_ms);
+        let policy = &*self.cfg.policy;
+        let calm = self
+            .score
+            .is_some_and(|sc| sc.value < policy.states.at_risk_enter);
+        if self.machine.is_healthy() && calm {
+            let (p99, out_median) = baseline_point(&self.signals, &policy.signals);
+            if p99.is_finite() || out_median.is_finite() {
+                self.baseline.learn(p99, out_median);
+            }
+        }
+    }
+
+    pub(super) fn configure(&mut self, c: &ChannelConfig, group_idx: usize) {
+        self.cfg = c.clone();
+        self.group_id = ShortStr::new(&c.group);
+        self.counts_quota = c.quota.is_some();
+        self.group_idx = group_idx;
+    }
+
+    /// Hints the lines of the entry that admitting and recording an event
+    /// read: the fields before the ring and the ring's own hot fields.
+    #[inline]
+    pub(super) fn prefetch_hot(&self) {
+        let bytes = std::mem::offset_of!(ChannelRuntime, ring) + SliceRing::HOT_BYTES;
+        crate::prefetch::lines(self as *const ChannelRuntime, bytes);
+        self.group_id.prefetch_heap();
+    }
+
+    pub(super) fn frozen_at(&self, t: i64) -> bool {
+        self.frozen_until_ms.is_some_and(|f| t <= f)
+    }
+}

@@ -1,0 +1,549 @@
+//! The health engine: request events in, per-channel health and alert events
+//! out. Pure and synchronous; the service, the demo, the simulator and replay
+//! all drive this same type.
+//!
+//! # Time
+//! The engine keeps a watermark: the highest event time it has seen. One
+//! engine serves channels that share a watermark, which in the service means
+//! one engine per Kafka partition. Evaluation ticks fall every
+//! `engine.evaluation_interval_ms` on a fixed grid, cut into
+//! `engine.evaluation_phases` phases: route group `i` is evaluated in phase
+//! `i % phases`, once per interval, so an interval's work is spread over it
+//! instead of pausing the request path at one instant. When an event (or an
+//! explicit [`Engine::advance_to`]) moves the watermark past a phase, that
+//! phase's channels are evaluated *at the phase's time*, before the event is
+//! recorded. Identical input sequences therefore give identical decisions.
+//!
+//! # Per event (the hot path)
+//! Look up the channel (one hash of the id), check lateness, push the event
+//! into its slice, update the outcome window and failure streak, and take the
+//! consecutive-failure fast path when the streak reaches its threshold. No
+//! allocation unless an alert is raised.
+//!
+//! # Per tick (a phase)
+//! For every channel of the phase's groups: measure signals, score them,
+//! judge each group as a whole, step the state machine, run the alert rules,
+//! and teach the baseline if the channel is healthy. Channels evaluated or
+//! changed are remembered for [`Engine::take_touched`], so a caller reports
+//! only those.
+//!
+//! # Files
+//! `admit.rs` is the per-event path, `evaluate.rs` the per-tick one,
+//! `channel.rs` one channel's runtime (what an evaluation reads from its
+//! windows); this file holds the types, configuration, pins, restore and
+//! the health a channel reports.
+
+use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
+use crate::config::{ChannelConfig, Config};
+use crate::event::{ErrorClass, RequestEvent};
+use crate::health::ChannelHealth;
+use crate::id_table::IdTable;
+use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
+use crate::score::{intermittent, optimistic, pessimistic, score, Score};
+use crate::short_str::ShortStr;
+use crate::signals::{baseline_point, measure, Horizon, SignalKind, Signals};
+use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
+use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing, ViewCounters};
+use std::sync::Arc;
+
+mod admit;
+mod channel;
+mod evaluate;
+#[cfg(test)]
+mod tests;
+
+/// Dense index of a channel in the engine (config order).
+pub type ChannelIdx = u32;
+
+/// Why an event was not applied. Each is counted in [`EngineStats`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("unknown channel `{channel}`")]
+    UnknownChannel { channel: String },
+    #[error("channel `{channel}` belongs to group `{expected}`, event says `{got}`")]
+    GroupMismatch {
+        channel: String,
+        expected: String,
+        got: String,
+    },
+    #[error("event is {lag_ms} ms behind the watermark, past the allowed lateness")]
+    TooLate { lag_ms: i64 },
+    #[error(
+        "event is stamped {ahead_ms} ms ahead of {reference}, past the allowed clock skew \
+         (engine.max_clock_skew_ms)"
+    )]
+    FutureTimestamp {
+        ahead_ms: i64,
+        reference: &'static str,
+    },
+    #[error("{field} is {value}, over the plausible {limit} (engine.{key})")]
+    Implausible {
+        field: &'static str,
+        value: i64,
+        limit: i64,
+        key: &'static str,
+    },
+}
+
+impl ApplyError {
+    /// Bounded metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApplyError::UnknownChannel { .. } => "unknown_channel",
+            ApplyError::GroupMismatch { .. } => "group_mismatch",
+            ApplyError::TooLate { .. } => "too_late",
+            ApplyError::FutureTimestamp { .. } => "future_timestamp",
+            ApplyError::Implausible { .. } => "implausible",
+        }
+    }
+}
+
+/// An event's channel looked up ahead of its apply
+/// ([`Engine::prefetch_entry`]), so a batch looks each channel up once.
+/// Taken only by the engine it came from, with its channels unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelHint {
+    generation: u64,
+    idx: ChannelIdx,
+}
+
+/// The table of `channels`' ids to their indexes.
+fn id_table(channels: &[ChannelRuntime]) -> IdTable {
+    IdTable::new(
+        channels
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.cfg.id.as_str(), i as ChannelIdx)),
+    )
+}
+
+/// A number no other engine's channel table has had in this process.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counters the shell exports as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub applied: u64,
+    pub too_late: u64,
+    pub unknown_channel: u64,
+    pub group_mismatch: u64,
+    pub evaluations: u64,
+    /// Events refused as stamped too far ahead (`clock`).
+    pub future_timestamp: u64,
+    /// Applied events that reported an unsent request (demand only).
+    pub unsent: u64,
+}
+
+/// One channel's state. `repr(C)` keeps the fields every event reads
+/// (admitting and recording it) together at the start, then the ring, whose
+/// own hot fields come first: [`ChannelRuntime::prefetch_hot`] hints only
+/// those lines, not a dozen scattered over the entry (see
+/// [`crate::prefetch`]). Everything after is read by evaluation ticks.
+#[repr(C)]
+struct ChannelRuntime {
+    // --- read by every event ---
+    /// `cfg.group`, inline: every event is checked against it.
+    group_id: ShortStr,
+    last_event_ms: Option<i64>,
+    /// Restored state: up to this event time the machine already reflects
+    /// what a replay feeds the windows, so it does not step again.
+    frozen_until_ms: Option<i64>,
+    /// Latest unsent-request report naming this channel (demand only).
+    last_unsent_ms: Option<i64>,
+    outcomes: OutcomeWindow,
+    streak: FailureStreak,
+    probe_streak: u32,
+    /// `cfg.quota.is_some()`: events are counted against it.
+    counts_quota: bool,
+    /// In [`Engine::touched`] already.
+    touched: bool,
+    ring: SliceRing,
+    // --- read by evaluation ticks and changes ---
+    cfg: ChannelConfig,
+    /// Position of the channel's group in the config (`Engine::safety`).
+    group_idx: usize,
+    baseline: Baseline,
+    machine: StateMachine,
+    score: Option<Score>,
+    /// The score at the rate signals' confidence bounds (relapses, passes).
+    score_low: Option<f64>,
+    score_high: Option<f64>,
+    /// AT_RISK only: the score with the failure rate read over the whole
+    /// episode (see `signals::bad_outcome_rate_episode`).
+    score_episode: Option<Score>,
+    signals: Signals,
+    next_baseline_ms: Option<i64>,
+    /// The median latency last read (`engine.latency_median_interval_ms`)
+    /// and when it is read next.
+    latency_median: Option<f64>,
+    next_median_ms: i64,
+    /// The configured quota's use in the current period, for gateways that
+    /// do not report `quota_remaining`.
+    quota: QuotaUse,
+}
+
+/// Attempts counted against a channel's configured `quota` per period
+/// (docs/decisions.md#signals: remaining quota and burn rate → time to exhaustion). Only used
+/// while no gateway reports the upstream's own `quota_remaining`: a report
+/// is the upstream's word and wins.
+#[derive(Debug, Clone, Copy, Default)]
+struct QuotaUse {
+    period_start_ms: i64,
+    used: u64,
+}
+
+/// The health engine for a set of channels sharing one watermark.
+pub struct Engine {
+    cfg: Arc<Config>,
+    channels: Vec<ChannelRuntime>,
+    by_id: IdTable,
+    /// Changes whenever `by_id` may: a [`ChannelHint`] from another
+    /// generation is looked up again.
+    generation: u64,
+    watermark_ms: Option<i64>,
+    first_event_ms: Option<i64>,
+    next_eval_ms: Option<i64>,
+    rules: AlertRules,
+    stats: EngineStats,
+    scratch: Vec<Change>,
+    /// Evaluate channels no event of this engine has named yet.
+    evaluate_unseen: bool,
+    /// Per group (config order): the correlated-failure memory.
+    safety: Vec<GroupSafety>,
+    /// Per group: its channels.
+    group_channels: Vec<Vec<usize>>,
+    /// Per phase of the evaluation interval: the groups evaluated then
+    /// (group `i` in phase `i % engine.evaluation_phases`).
+    phases: Vec<Vec<usize>>,
+    /// Channels evaluated or changed since [`Engine::take_touched`].
+    touched: Vec<ChannelIdx>,
+    /// A candidate jump of the watermark, waiting for corroboration.
+    jump: crate::clock::JumpGuard,
+}
+
+/// A channel's demand over the demand window ([`Engine::demand_at`]).
+struct Demand {
+    demand_rps: [f64; 4],
+    unsent_rps: [f64; 4],
+    /// The counters it was read from.
+    view: ViewCounters,
+    /// The seconds of the window the engine has seen.
+    secs: f64,
+}
+
+/// A channel's consecutive-failure counts after an event.
+#[derive(Debug, Clone, Copy)]
+struct Streaks {
+    /// The hard-failure streak grew with this event.
+    grew: bool,
+    failures: u32,
+    /// Consecutive hard-failed probes.
+    probes: u32,
+}
+
+impl Engine {
+    /// An engine that owns every channel of the config (the simulator,
+    /// replay): a channel without events is evaluated too, and raises the
+    /// silent-channel alarm.
+    pub fn new(cfg: Arc<Config>) -> Engine {
+        Engine::build(cfg, true)
+    }
+
+    /// An engine for one Kafka partition of the service. It knows every
+    /// channel of the config (which keys land on which partition is the
+    /// producers' business), but evaluates only the channels whose events
+    /// reached it: the others belong to other partitions, and would
+    /// otherwise cost a tick each and raise false silent-channel alarms.
+    pub fn for_partition(cfg: Arc<Config>) -> Engine {
+        Engine::build(cfg, false)
+    }
+
+    fn build(cfg: Arc<Config>, evaluate_unseen: bool) -> Engine {
+        let e = &cfg.engine;
+        let mut channels = Vec::new();
+        let mut group_channels = vec![Vec::new(); cfg.groups.len()];
+        for (gi, g) in cfg.groups.iter().enumerate() {
+            for c in &g.channels {
+                group_channels[gi].push(channels.len());
+                channels.push(ChannelRuntime::new(c, gi, e));
+            }
+        }
+        let mut phases = vec![Vec::new(); e.evaluation_phases.max(1) as usize];
+        let n = phases.len();
+        for gi in 0..cfg.groups.len() {
+            phases[gi % n].push(gi);
+        }
+        Engine {
+            group_channels,
+            phases,
+            touched: Vec::new(),
+            evaluate_unseen,
+            safety: vec![GroupSafety::default(); cfg.groups.len()],
+            jump: crate::clock::JumpGuard::default(),
+            rules: AlertRules::new(cfg.alerts.clone()),
+            cfg,
+            by_id: id_table(&channels),
+            channels,
+            generation: next_generation(),
+            watermark_ms: None,
+            first_event_ms: None,
+            next_eval_ms: None,
+            stats: EngineStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.cfg
+    }
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+    pub fn watermark_ms(&self) -> Option<i64> {
+        self.watermark_ms
+    }
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+    pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
+        self.by_id.get(id)
+    }
+
+    /// Warm once a short window of event time has been seen: before that the
+    /// engine's view is too thin to publish (fail static, never "all healthy"
+    /// from nothing).
+    pub fn is_warm(&self) -> bool {
+        match (self.first_event_ms, self.watermark_ms) {
+            (Some(first), Some(w)) => w - first >= self.cfg.engine.short_window_ms,
+            _ => false,
+        }
+    }
+
+    /// Pins a channel (operator override), effective now; `note` (who and
+    /// why) goes into the OVERRIDE alert's message. Returns false for an
+    /// unknown channel.
+    pub fn pin(
+        &mut self,
+        channel: &str,
+        pin: Option<Pin>,
+        now_ms: i64,
+        note: &str,
+        out: &mut Vec<AlertEvent>,
+    ) -> bool {
+        let Some(idx) = self.channel_index(channel) else {
+            return false;
+        };
+        let policy = self.channels[idx as usize].cfg.policy.clone();
+        let mut scratch = Vec::new();
+        let m = &mut self.channels[idx as usize].machine;
+        match pin {
+            Some(p) => m.set_pin(now_ms, p, &policy.states, &mut scratch),
+            None => m.clear_pin(now_ms, &policy.states, &mut scratch),
+        }
+        let from = out.len();
+        self.emit_changes(idx, &scratch, out);
+        if !note.is_empty() {
+            for a in &mut out[from..] {
+                a.message = format!("{} ({note})", a.message);
+            }
+        }
+        true
+    }
+
+    /// Every channel an operator pin holds, with the pin.
+    pub fn pinned(&self) -> Vec<(String, Pin)> {
+        self.channels
+            .iter()
+            .filter_map(|c| c.machine.pin().map(|p| (c.cfg.id.clone(), p)))
+            .collect()
+    }
+
+    /// Records an operator's group manual-mode switch as an alert.
+    pub fn record_group_override(
+        &mut self,
+        group: &str,
+        on: bool,
+        now_ms: i64,
+        out: &mut Vec<AlertEvent>,
+    ) {
+        out.push(self.rules.group_override(group, on, now_ms, ""));
+    }
+
+    /// Restores a channel's state machine saved at event time `saved_at_ms`
+    /// (a takeover). Until the watermark passes `saved_at_ms` the machine
+    /// does not step: the events replayed up to there are already reflected
+    /// in it, and only rebuild the windows. Returns false for an unknown
+    /// channel.
+    pub fn restore(&mut self, channel: &str, machine: StateMachine, saved_at_ms: i64) -> bool {
+        let Some(idx) = self.channel_index(channel) else {
+            return false;
+        };
+        let ch = &mut self.channels[idx as usize];
+        ch.machine = machine;
+        ch.frozen_until_ms = Some(saved_at_ms);
+        true
+    }
+
+    /// Whether any event of this channel reached this engine (a partition
+    /// reports only the channels whose events it carries).
+    pub fn has_events(&self, idx: ChannelIdx) -> bool {
+        let ch = &self.channels[idx as usize];
+        ch.last_event_ms.is_some() || ch.last_unsent_ms.is_some()
+    }
+
+    /// Swaps in a new config (for an engine that serves every channel of
+    /// it), keeping every surviving channel's windows and state (a hot
+    /// reload). Channels new to the config start empty; removed
+    /// ones are dropped. The window shape (`[engine]`) cannot change while
+    /// running: that needs a restart, and the reload is refused.
+    pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
+        if cfg.engine != self.cfg.engine {
+            return Err(
+                "[engine] settings changed: window shape needs a restart; keeping the running config"
+                    .into(),
+            );
+        }
+        let mut old: ahash::AHashMap<String, ChannelRuntime> = std::mem::take(&mut self.channels)
+            .into_iter()
+            .map(|c| (c.cfg.id.clone(), c))
+            .collect();
+        let mut channels = Vec::new();
+        for (gi, g) in cfg.groups.iter().enumerate() {
+            for c in &g.channels {
+                let mut rt = old
+                    .remove(&c.id)
+                    .unwrap_or_else(|| ChannelRuntime::new(c, gi, &cfg.engine));
+                rt.configure(c, gi);
+                channels.push(rt);
+            }
+        }
+        // Groups keep their panic memory by id; new ones start calm.
+        let safety = cfg
+            .groups
+            .iter()
+            .map(|g| {
+                self.cfg
+                    .groups
+                    .iter()
+                    .position(|o| o.id == g.id)
+                    .map_or_else(GroupSafety::default, |i| self.safety[i])
+            })
+            .collect();
+        self.safety = safety;
+        self.by_id = id_table(&channels);
+        self.channels = channels;
+        self.generation = next_generation();
+        if cfg.alerts != self.cfg.alerts {
+            // Dedup memory starts over with new alert rules.
+            self.rules = AlertRules::new(cfg.alerts.clone());
+        }
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    /// The state machine of a channel (read-only).
+    pub fn machine(&self, idx: ChannelIdx) -> &StateMachine {
+        &self.channels[idx as usize].machine
+    }
+
+    /// Latest score with its breakdown: the windows' reading, which the
+    /// scheduler reads. (An AT_RISK channel's state is judged on the worse
+    /// of this and its episode's reading; its alerts carry that one.)
+    pub fn score(&self, idx: ChannelIdx) -> Option<&Score> {
+        self.channels[idx as usize].score.as_ref()
+    }
+
+    /// Latest measured signals.
+    pub fn signals(&self, idx: ChannelIdx) -> &Signals {
+        &self.channels[idx as usize].signals
+    }
+
+    /// A channel's median latency as last read (refreshed every
+    /// `engine.latency_median_interval_ms` while it has a P99; `None`
+    /// while it has none).
+    pub fn latency_median(&self, idx: ChannelIdx) -> Option<f64> {
+        self.channels[idx as usize].latency_median
+    }
+
+    /// A channel's demand and its unsent part per traffic class (rps) over
+    /// the demand window up to `now`: real attempts made plus requests
+    /// gateways reported unsent.
+    fn demand_at(&self, idx: usize, now: i64) -> Demand {
+        let ch = &self.channels[idx];
+        let window_ms = self.cfg.schedule.demand_window_ms;
+        // Demand over complete slices only: the current one is still filling
+        // and would bias the rate low.
+        let slice_ms = self.cfg.engine.slice_ms;
+        let last_complete = now.div_euclid(slice_ms) * slice_ms - 1;
+        let view = ch.ring.counters(last_complete, window_ms, i64::MIN / 2);
+        // ... and over the part of the window the engine has actually seen.
+        let seen_ms = self.first_event_ms.map_or(window_ms, |f| {
+            let first_complete = (f.div_euclid(slice_ms) + 1) * slice_ms;
+            (last_complete + 1 - first_complete).clamp(slice_ms, window_ms)
+        });
+        let secs = seen_ms as f64 / 1000.0;
+        let mut demand_rps = [0.0; 4];
+        let mut unsent_rps = [0.0; 4];
+        for k in 0..4 {
+            unsent_rps[k] = view.class_unsent[k] as f64 / secs;
+            demand_rps[k] = view.class_requests[k] as f64 / secs + unsent_rps[k];
+        }
+        Demand {
+            demand_rps,
+            unsent_rps,
+            view,
+            secs,
+        }
+    }
+
+    /// Health of one channel as of the last evaluation.
+    pub fn health(&self, idx: ChannelIdx) -> ChannelHealth {
+        let ch = &self.channels[idx as usize];
+        let now = self.watermark_ms.unwrap_or(0);
+        let Demand {
+            demand_rps,
+            unsent_rps,
+            view,
+            secs,
+        } = self.demand_at(idx as usize, now);
+        let real_requests: u32 = view.class_requests.iter().sum();
+        let tokens: u64 = view.class_tokens.iter().sum();
+        ChannelHealth {
+            id: ch.cfg.id.clone(),
+            group: ch.cfg.group.clone(),
+            state: ch.machine.kind(),
+            weight: ch.machine.weight(&ch.cfg.policy.states),
+            score: ch.score.map(|s| s.value),
+            signals: ch
+                .score
+                .map(|s| {
+                    s.breakdown()
+                        .into_iter()
+                        .take(crate::health::TOP_SIGNALS)
+                        .map(|(k, c)| (k.name().to_string(), c))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            pinned: ch.machine.pin().is_some(),
+            demand_rps,
+            unsent_rps,
+            tokens_per_request: (real_requests > 0).then(|| tokens as f64 / real_requests as f64),
+            spend_per_hour: (view.real.cost + view.probe.cost) / secs * 3600.0,
+            p99_ms: ch.signals.latency.map(|l| l.p99_ms),
+            error_rate: ch.signals.error_rate,
+            // The short view lags a channel that just went hard down (a
+            // minute of good answers still in it); the last outcomes do not.
+            failure_rate: [SignalKind::BadOutcomeRate, SignalKind::RecentFailureRate]
+                .iter()
+                .filter_map(|k| ch.signals.get(*k).map(|m| m.value))
+                .reduce(f64::max),
+            quota_remaining: ch.signals.quota_remaining,
+            quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
+            correlated: self.safety[ch.group_idx].in_panic(),
+            incident_since_ms: ch.machine.incident_since_ms(),
+        }
+    }
+}

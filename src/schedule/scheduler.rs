@@ -1,0 +1,170 @@
+//! The scheduler of a set of route groups: one plan per group per pass,
+//! manual mode, the correlated-failure judgement and the spend meter.
+
+use super::*;
+
+impl Scheduler {
+    pub fn new(cfg: std::sync::Arc<crate::config::Config>) -> Scheduler {
+        let n = cfg.groups.len();
+        Scheduler {
+            cfg,
+            plans: vec![None; n],
+            manual: vec![false; n],
+            demand: vec![[0.0; 4]; n],
+            safety: vec![crate::safety::GroupSafety::default(); n],
+            spend: vec![SpendMeter::default(); n],
+        }
+    }
+
+    /// Puts a group in (or out of) manual mode: its weights freeze. Returns
+    /// false for an unknown group.
+    pub fn set_manual(&mut self, group: &str, on: bool) -> bool {
+        match self.cfg.groups.iter().position(|g| g.id == group) {
+            Some(i) => {
+                self.manual[i] = on;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a group is in manual mode (false for an unknown group).
+    pub fn is_manual(&self, group: &str) -> bool {
+        self.cfg
+            .groups
+            .iter()
+            .position(|g| g.id == group)
+            .is_some_and(|i| self.manual[i])
+    }
+
+    /// The current plan of a group, if one was made.
+    pub fn plan(&self, group: &str) -> Option<&Plan> {
+        let i = self.cfg.groups.iter().position(|g| g.id == group)?;
+        self.plans[i].as_ref()
+    }
+
+    /// Re-plans group `gi` from its channels' health. A channel missing from
+    /// `health` has no evidence either way and is planned as healthy with an
+    /// unknown score (before warm-up that means its trust-tier share).
+    /// Returns the plan and whether its routing changed.
+    pub fn plan_group(
+        &mut self,
+        gi: usize,
+        now_ms: i64,
+        health: &[crate::health::ChannelHealth],
+        warm: bool,
+    ) -> (&Plan, bool) {
+        let correlated = self.judge_correlation(gi, now_ms, health, warm);
+        let g = &self.cfg.groups[gi];
+        let prev = self.plans[gi].as_ref();
+        let mut demand = [0.0; 4];
+        let mut unsent = [0.0; 4];
+        let mut measured_spend = 0.0;
+        let mut channels = Vec::with_capacity(g.channels.len());
+        for c in &g.channels {
+            let h = health.iter().find(|h| h.id == c.id);
+            if let Some(h) = h {
+                for k in 0..4 {
+                    demand[k] += h.demand_rps[k];
+                    unsent[k] += h.unsent_rps[k];
+                }
+                measured_spend += h.spend_per_hour;
+            }
+            channels.push(ChannelInput::of(c, h));
+        }
+        self.demand[gi] = self.uncensored_demand(gi, demand, unsent);
+        let spend_calibration = if warm {
+            self.spend[gi].update(
+                now_ms,
+                prev.map(|p| p.projected_spend_per_hour),
+                measured_spend,
+                self.cfg.schedule.demand_window_ms,
+            )
+        } else {
+            1.0
+        };
+        let input = GroupInput {
+            group: g.id.clone(),
+            now_ms,
+            channels,
+            demand_rps: self.demand[gi],
+            budget_per_hour: g.budget_per_hour,
+            horizon_ms: self.cfg.engine.quota_horizon_ms,
+            warm,
+            correlated,
+            spend_calibration,
+        };
+        let next = plan(
+            &input,
+            &self.cfg.classes,
+            &self.cfg.schedule,
+            prev,
+            self.manual[gi],
+        );
+        let changed = prev.is_none_or(|p| p.version != next.version);
+        self.plans[gi] = Some(next);
+        (self.plans[gi].as_ref().expect("just set"), changed)
+    }
+
+    /// Whether group `gi` fails as a whole (docs/decisions.md#safety-rails): its own panic rule
+    /// over the channels' health (updated once warm), or a partition engine
+    /// that already judged it so.
+    pub(super) fn judge_correlation(
+        &mut self,
+        gi: usize,
+        now_ms: i64,
+        health: &[crate::health::ChannelHealth],
+        warm: bool,
+    ) -> bool {
+        let g = &self.cfg.groups[gi];
+        let window_ms = self.cfg.safety.correlation_window_ms;
+        let peers: Vec<crate::safety::PeerHealth> = g
+            .channels
+            .iter()
+            .filter_map(|c| {
+                let h = health.iter().find(|h| h.id == c.id)?;
+                Some(crate::safety::PeerHealth {
+                    capacity_rps: c.capacity_rps,
+                    load_rps: h.demand_rps.iter().sum(),
+                    bad: crate::safety::is_bad(
+                        h.score,
+                        c.policy.states.at_risk_enter,
+                        h.incident_since_ms,
+                        now_ms,
+                        window_ms,
+                    ),
+                    pinned: h.pinned,
+                })
+            })
+            .collect();
+        if warm {
+            let headroom = self.cfg.schedule.capacity_headroom;
+            self.safety[gi].update(now_ms, &peers, &self.cfg.safety, headroom);
+        }
+        self.safety[gi].in_panic() || health.iter().any(|h| h.group == g.id && h.correlated)
+    }
+
+    /// Gateways report the requests they shed (`dispatch`), and those count
+    /// in `demand_rps`. Gateways that do not (older ones) leave a shed
+    /// class's demand censored: for a class shed with no unsent report at
+    /// all, scale the served demand back up by the shed share, and never
+    /// let the estimate fall faster than a slow decay. A low estimate would
+    /// plan a backup above its capacity (incident 002).
+    pub(super) fn uncensored_demand(
+        &self,
+        gi: usize,
+        mut demand: [f64; 4],
+        unsent: [f64; 4],
+    ) -> [f64; 4] {
+        if let Some(p) = self.plans[gi].as_ref() {
+            for (k, d) in demand.iter_mut().enumerate() {
+                let shed = p.classes[k].shed;
+                if shed > 1e-9 && unsent[k] <= 0.0 {
+                    let corrected = *d / (1.0 - shed).max(0.5);
+                    *d = corrected.max(self.demand[gi][k] * HELD_DEMAND_DECAY);
+                }
+            }
+        }
+        demand
+    }
+}

@@ -1,0 +1,50 @@
+//! Operator pins: set, cleared, expired.
+
+use super::*;
+
+impl StateMachine {
+    /// Applies an operator pin. Recorded as a change (and so an alert).
+    pub fn set_pin(&mut self, now_ms: i64, pin: Pin, p: &StatePolicy, out: &mut Vec<Change>) {
+        let before = self.weight(p);
+        self.pin = Some(pin);
+        let after = self.weight(p);
+        let k = self.kind();
+        out.push(Change {
+            at_ms: now_ms,
+            from: k,
+            to: k,
+            reason: TransitionReason::PinApplied,
+            weight_before: before,
+            weight_after: after,
+        });
+    }
+
+    /// Removes the pin, if any.
+    pub fn clear_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self.pin.is_none() {
+            return;
+        }
+        let before = self.weight(p);
+        self.pin = None;
+        let after = self.weight(p);
+        let k = self.kind();
+        out.push(Change {
+            at_ms: now_ms,
+            from: k,
+            to: k,
+            reason: TransitionReason::PinReleased,
+            weight_before: before,
+            weight_after: after,
+        });
+    }
+
+    pub(super) fn expire_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self
+            .pin
+            .and_then(|pin| pin.until_ms)
+            .is_some_and(|until| now_ms >= until)
+        {
+            self.clear_pin(now_ms, p, out);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! One evaluation: HEALTHY and AT_RISK confirm moves down or back, a
+//! cool-down ends in OBSERVING, a probation passes into RECOVERING or
+//! relapses, recovery steps the weight back up.
+
+use super::*;
+
+impl StateMachine {
+    /// One evaluation tick. `score` is `None` when no signal had enough
+    /// samples to vote: that neither confirms nor refutes anything, but timers
+    /// (cool-downs, recovery steps, pin expiry) still run.
+    pub fn evaluate(
+        &mut self,
+        now_ms: i64,
+        score: Option<f64>,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        self.step(
+            now_ms,
+            Evaluation {
+                score,
+                score_low: None,
+                score_high: None,
+                evidence: u32::MAX,
+                correlated: false,
+                intermittent: false,
+                thin_evidence: false,
+            },
+            p,
+            out,
+        )
+    }
+
+    /// One evaluation tick (see [`Evaluation`]). Timers (cool-downs,
+    /// recovery steps, pin expiry) run even when the score is `None`.
+    pub fn step(&mut self, now_ms: i64, e: Evaluation, p: &StatePolicy, out: &mut Vec<Change>) {
+        self.expire_pin(now_ms, p, out);
+        match self.state {
+            ChannelState::Healthy | ChannelState::AtRisk { .. } => {
+                if let Some(s) = e.score {
+                    // Leaving AT_RISK is judged on the pessimistic reading:
+                    // at its reduced weight the channel shows fewer attempts,
+                    // which lowers the optimistic bound the score uses and
+                    // would let a channel still failing back to full weight
+                    // only to drain it moments later (a re-trip).
+                    let exit = e.score_high.map_or(s, |h| h.max(s));
+                    self.step_serving(now_ms, s, exit, e, p, out);
+                }
+            }
+            ChannelState::Drained { since_ms, until_ms } => {
+                if now_ms >= until_ms {
+                    self.probation_since_ms = now_ms;
+                    self.set_state(
+                        now_ms,
+                        ChannelState::Observing {
+                            since_ms: now_ms,
+                            passes: 0,
+                        },
+                        TransitionReason::CooldownElapsed {
+                            cooldown_ms: until_ms - since_ms,
+                        },
+                        p,
+                        out,
+                    );
+                }
+            }
+            ChannelState::Observing { since_ms, passes } => {
+                if let Some(s) = e.score {
+                    let low = e.score_low.unwrap_or(s);
+                    if low >= p.relapse_score {
+                        self.relapse(now_ms, s, e.intermittent, p, out);
+                    } else {
+                        let s = e.score_high.map_or(s, |h| h.max(s));
+                        self.step_observing(now_ms, since_ms, passes, s, e.evidence, p, out);
+                    }
+                }
+            }
+            ChannelState::Recovering {
+                since_ms,
+                weight,
+                next_step_ms,
+            } => {
+                let relapse = e
+                    .score
+                    .filter(|s| e.score_low.unwrap_or(*s) >= p.relapse_score);
+                if let Some(s) = relapse {
+                    self.relapse(now_ms, s, e.intermittent, p, out);
+                } else if now_ms >= next_step_ms {
+                    self.step_recovery(now_ms, since_ms, weight, p, out);
+                }
+            }
+        }
+    }
+
+    /// HEALTHY and AT_RISK: confirmations toward AT_RISK, DRAINED or back to
+    /// HEALTHY. While the group's failure is correlated nothing moves down:
+    /// the channel is no worse than its peers.
+    pub(super) fn step_serving(
+        &mut self,
+        now_ms: i64,
+        s: f64,
+        exit_score: f64,
+        e: Evaluation,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let count = |c: u32, hit: bool| if hit && !e.correlated { c + 1 } else { 0 };
+        self.over_drain = count(self.over_drain, s >= p.drain_enter);
+        self.over_at_risk = count(self.over_at_risk, s >= p.at_risk_enter);
+        self.under_exit = if exit_score < p.at_risk_exit {
+            self.under_exit + 1
+        } else {
+            0
+        };
+        let healthy = matches!(self.state, ChannelState::Healthy);
+        // From AT_RISK a drain is confirmed by what the channel did since
+        // it went AT_RISK (`score_low` there): even read optimistically it
+        // would not leave AT_RISK. The mirror of the exit, which needs even
+        // the pessimistic reading under `at_risk_exit`.
+        let confirmed = if healthy {
+            !e.thin_evidence
+        } else {
+            e.score_low.is_none_or(|l| l >= p.at_risk_exit)
+        };
+        if self.over_drain >= p.drain_confirmations && confirmed {
+            let evaluations = self.over_drain;
+            let reason = TransitionReason::ScoreDrain {
+                score: s,
+                evaluations,
+            };
+            self.drain(now_ms, reason, e.intermittent, p, out);
+        } else if healthy && self.over_at_risk >= p.at_risk_confirmations {
+            let evaluations = self.over_at_risk;
+            let reason = TransitionReason::ScoreAtRisk {
+                score: s,
+                evaluations,
+            };
+            self.set_state(
+                now_ms,
+                ChannelState::AtRisk { since_ms: now_ms },
+                reason,
+                p,
+                out,
+            );
+        } else if !healthy && self.under_exit >= p.healthy_confirmations {
+            let evaluations = self.under_exit;
+            let reason = TransitionReason::ScoreRecovered {
+                score: exit_score,
+                evaluations,
+            };
+            self.set_state(now_ms, ChannelState::Healthy, reason, p, out);
+        }
+    }
+
+    /// OBSERVING, short of a relapse (judged by the caller): `observe_passes`
+    /// consecutive passes with enough evidence start the recovery; a score
+    /// between pass and relapse restarts the streak.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn step_observing(
+        &mut self,
+        now_ms: i64,
+        since_ms: i64,
+        passes: u32,
+        s: f64,
+        evidence: u32,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        if s >= p.observe_pass_score {
+            // Between pass and relapse: not a pass, so the streak restarts.
+            self.state = ChannelState::Observing {
+                since_ms,
+                passes: 0,
+            };
+            return;
+        }
+        if !enough_evidence(now_ms - since_ms, evidence, p)
+            || now_ms - since_ms < self.intermittent_hold_ms(p)
+        {
+            // Too little evidence to call it a pass yet: keep the streak.
+            return;
+        }
+        let passes = passes + 1;
+        if passes < p.observe_passes {
+            self.state = ChannelState::Observing { since_ms, passes };
+            return;
+        }
+        let first = p.recovery_steps[0].step.min(1.0);
+        self.readmitted_at_ms = Some(now_ms);
+        self.set_state(
+            now_ms,
+            ChannelState::Recovering {
+                since_ms: now_ms,
+                weight: first,
+                next_step_ms: now_ms + step_interval(first, p),
+            },
+            TransitionReason::ObservationPassed { passes },
+            p,
+            out,
+        );
+    }
+
+    /// RECOVERING: the next step of the schedule, HEALTHY at full weight.
+    pub(super) fn step_recovery(
+        &mut self,
+        now_ms: i64,
+        since_ms: i64,
+        weight: f64,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let next = next_weight(weight, p);
+        if next >= 1.0 - 1e-9 {
+            let reason = TransitionReason::RecoveryComplete;
+            self.set_state(now_ms, ChannelState::Healthy, reason, p, out);
+            return;
+        }
+        let before = self.weight(p);
+        self.state = ChannelState::Recovering {
+            since_ms,
+            weight: next,
+            next_step_ms: now_ms + step_interval(next, p),
+        };
+        let after = self.weight(p);
+        out.push(Change {
+            at_ms: now_ms,
+            from: StateKind::Recovering,
+            to: StateKind::Recovering,
+            reason: TransitionReason::RecoveryStep { weight: next },
+            weight_before: before,
+            weight_after: after,
+        });
+    }
+}
