@@ -112,8 +112,17 @@ fn files_of(module: &str) -> Vec<String> {
 
 /// The file's code before its unit tests, without comment lines.
 fn code(path: &str) -> String {
+    // A module's tests, in their own file or inline at its end, are not
+    // its code (a `mod tests;` declaration is, and what follows it).
+    if path.ends_with("/tests.rs") {
+        return String::new();
+    }
     let text = std::fs::read_to_string(root().join(path)).unwrap();
-    let body = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    let inline_tests = text.match_indices("#[cfg(test)]\n").find(|(i, m)| {
+        let next = text[i + m.len()..].lines().next().unwrap_or("");
+        next.ends_with("mod tests {")
+    });
+    let body = &text[..inline_tests.map_or(text.len(), |(i, _)| i)];
     body.lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
