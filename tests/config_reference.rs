@@ -138,7 +138,7 @@ fn section<T: serde::Serialize>(
 
 /// Signal name → the doc comment of its entry in the signal table.
 fn signal_docs() -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(root().join("src/signals.rs")).unwrap();
+    let text = std::fs::read_to_string(root().join("src/signals/mod.rs")).unwrap();
     let body = text.split("signal_table! {").nth(1).unwrap();
     let mut out = BTreeMap::new();
     let mut doc: Vec<String> = Vec::new();
@@ -166,7 +166,7 @@ fn signals(out: &mut String) {
          `weight` in the score, the `normal` and `degraded` bounds its severity runs \
          between (in the signal's unit; for output tokens lower is worse), and \
          `min_samples` (below it the signal does not vote). The signal table is \
-         `src/signals.rs`.\n\n",
+         `src/signals/mod.rs`.\n\n",
     );
     out.push_str(
         "| signal | weight | normal | degraded | min_samples | meaning |\n\
@@ -187,7 +187,7 @@ fn signals(out: &mut String) {
             cell(doc)
         ));
     }
-    let settings = field_docs("src/signals.rs", "SignalPolicies");
+    let settings = field_docs("src/signals/policy.rs", "SignalPolicies");
     out.push_str(
         "\nAnd four settings of `policy.signals`:\n\n| key | default | meaning |\n|---|---|---|\n",
     );

@@ -1,0 +1,151 @@
+//! Between batches: commits, the rebalances the callbacks queued, config
+//! reloads, the operator's overrides, idle partitions' event time, and the
+//! request topic's partition count.
+
+use super::*;
+
+impl LoopState {
+    /// Commits the stored offsets once every output produced so far is
+    /// acknowledged. A slow broker only delays the commit (the stored
+    /// offsets wait for the next round); an output that failed for good
+    /// (after librdkafka's own retries) stops the loop without committing
+    /// past it.
+    pub(super) fn commit(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        if let Err(e) = self.emitter.producer.flush(Duration::from_secs(2)) {
+            tracing::debug!(error = %e, "outputs still in flight; commit waits for the next round");
+            return Ok(());
+        }
+        let failed = self.metrics.outputs_undelivered.load(Ordering::Relaxed);
+        if failed > 0 {
+            anyhow::bail!(
+                "{failed} output record(s) were not delivered; exiting without committing past them"
+            );
+        }
+        if self.partitions.values().any(|p| p.active) {
+            match consumer.commit_consumer_state(CommitMode::Async) {
+                Ok(()) => Metrics::inc(&self.metrics.commits),
+                // Nothing stored since the last commit.
+                Err(rdkafka::error::KafkaError::ConsumerCommit(
+                    rdkafka::error::RDKafkaErrorCode::NoOffset,
+                )) => {}
+                Err(e) => tracing::warn!(error = %e, "offset commit failed; retrying next round"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every 500 ms: a reloaded policy, high watermarks the broker did not
+    /// give at assignment, the topic's partition count if it is still
+    /// unknown (no group is written until it is), and idle partitions:
+    /// each judged on its own fetch report, however busy the others are (a
+    /// partition whose channels were all drained gets no events while its
+    /// neighbours on the same consumer do, and its cool-downs must run).
+    pub(super) fn housekeeping(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        self.reload_config();
+        // One copy of librdkafka's fetch reports per round, for both uses.
+        let (known, broker_down_at) = {
+            let shared = lock(&self.shared);
+            (shared.high_watermarks.clone(), shared.broker_down_at)
+        };
+        for (p, part) in self.partitions.iter_mut() {
+            if let Some((high, _)) = known.get(p) {
+                part.learn_high_watermark(*high);
+            }
+        }
+        if self.ownership.request_partitions.load(Ordering::Relaxed) == 0 {
+            self.refresh_partition_count(consumer);
+        }
+        let catching_up = self
+            .partitions
+            .values()
+            .filter(|p| p.active && !p.caught_up())
+            .count();
+        self.metrics
+            .readiness
+            .set_catching_up(self.lane, catching_up as u32);
+        self.resume_paused(consumer)?;
+        let e = &self.cfg.engine;
+        let replay_ms = e.long_window_ms.max(e.short_window_ms) + e.allowed_lateness_ms;
+        lock(&self.lost).expire(Duration::from_millis(replay_ms as u64));
+        let grace = Duration::from_millis(self.runtime.service.outage_grace_ms as u64);
+        if broker_down_at.is_none_or(|t| t.elapsed() >= grace) {
+            self.advance_idle(&known)?;
+        }
+        Ok(())
+    }
+
+    /// The request topic's partition count, which decides each group's
+    /// writer. A failed metadata fetch keeps the last known count (zero:
+    /// nobody writes yet) and is retried at the next housekeeping round.
+    pub(super) fn refresh_partition_count(&self, consumer: &RequestConsumer) {
+        let topic = &self.runtime.kafka.request_topic;
+        match partition_count(consumer, topic) {
+            Ok(n) => self
+                .ownership
+                .request_partitions
+                .store(n, Ordering::Relaxed),
+            Err(why) => {
+                tracing::warn!(%topic, %why, "request topic partition count unknown; retrying")
+            }
+        }
+    }
+
+    pub(super) fn reload_config(&mut self) {
+        if !self.cfg_rx.has_changed().unwrap_or(false) {
+            return;
+        }
+        let cfg = self.cfg_rx.borrow_and_update().clone();
+        for (p, part) in self.partitions.iter_mut() {
+            if let Err(e) = part.reconfigure(cfg.clone()) {
+                tracing::error!(partition = p, error = %e, "config reload not applied");
+                return;
+            }
+        }
+        self.cfg = cfg;
+    }
+
+    /// Operator pins: each partition brings the channels it carries in
+    /// line with the desired set; a change is an OVERRIDE alert out.
+    pub(super) fn reconcile_overrides(&mut self) -> anyhow::Result<()> {
+        let desired = self.overrides.borrow_and_update().clone();
+        for part in self.partitions.values_mut().filter(|p| p.active) {
+            let changed = part.reconcile_pins(&desired);
+            if changed > 0 {
+                tracing::info!(partition = part.id, changed, "operator pins reconciled");
+                let out = part.outputs(&self.instance, crate::wall_clock::now_ms);
+                self.emitter.outputs(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Idle partitions move event time with the wall clock (minus the allowed
+    /// lateness), so cool-downs and silence alarms still run.
+    /// Event time moves on for partitions that are really idle: nothing came
+    /// for `idle_advance_ms` *and* librdkafka's latest fetch report, made
+    /// after the last record, shows nothing past what was read. A poll that
+    /// returns nothing only says the fetch is slow (a loaded broker):
+    /// advancing then would make the backlog, stamped earlier, arrive too
+    /// late and be dropped. No report (a broker that does not answer) is no
+    /// proof of idleness either: the partition waits. The report comes from
+    /// the statistics callback (`statistics.interval.ms`), so the check asks
+    /// the broker nothing. Within `service.outage_grace_ms` of the broker
+    /// being unreachable nothing advances: the gateways' producers are still
+    /// reconnecting with what they queued meanwhile (the caller checks).
+    pub(super) fn advance_idle(
+        &mut self,
+        known: &HashMap<i32, (i64, Instant)>,
+    ) -> anyhow::Result<()> {
+        let idle = Duration::from_millis(self.runtime.service.idle_advance_ms as u64);
+        let to = crate::wall_clock::now_ms() - self.cfg.engine.allowed_lateness_ms;
+        let emitter = &self.emitter;
+        advance_idle(
+            &mut self.partitions,
+            known,
+            idle,
+            to,
+            &self.instance,
+            |out| emitter.outputs(out),
+        )
+    }
+}
