@@ -575,3 +575,81 @@ fn no_score_changes_nothing_but_timers_run() {
     assert!(out.is_empty());
     assert_eq!(m.kind(), StateKind::Observing);
 }
+
+/// A machine saved by a release that kept every state's data beside the
+/// state (flat fields): its persisted JSON with the given state and
+/// counters, and an incident that began at 400 with penalty 0.5 before it.
+fn flat_json(state: &str, over_at_risk: u32, over_drain: u32, under_exit: u32) -> String {
+    format!(
+        r#"{{"state":{state},"over_at_risk":{over_at_risk},"over_drain":{over_drain},"under_exit":{under_exit},"penalty":1.0,"penalty_at_ms":500,"incident_cooldown_ms":90000,"incident_since_ms":400,"penalty_before_incident":0.5,"probation_since_ms":900,"intermittent_relapses":2,"intermittent_clean_ms":60000,"sustained_relapse":false,"intermittent_drain":true,"pin":null,"readmitted_at_ms":1000,"relapses":[],"relapse_penalty":0.0,"relapse_decay_from_ms":null,"oscillation_raised":false,"oscillation_due":null}}"#
+    )
+}
+
+#[test]
+fn a_machine_saved_with_flat_fields_resumes_where_it_was() {
+    let p = policy();
+    // HEALTHY, two confirmations toward AT_RISK already counted.
+    let mut m: StateMachine = serde_json::from_str(&flat_json(r#""Healthy""#, 2, 0, 0)).unwrap();
+    assert_eq!(eval(&mut m, 2_000, 0.5)[0].to, StateKind::AtRisk);
+    // AT_RISK, one confirmation short of HEALTHY, or of DRAINED.
+    let at_risk = flat_json(
+        r#"{"AtRisk":{"since_ms":100}}"#,
+        0,
+        1,
+        p.healthy_confirmations - 1,
+    );
+    let mut m: StateMachine = serde_json::from_str(&at_risk).unwrap();
+    assert_eq!(m.at_risk_since_ms(), Some(100));
+    assert_eq!(eval(&mut m, 2_000, 0.0)[0].to, StateKind::Healthy);
+    let mut m: StateMachine = serde_json::from_str(&at_risk).unwrap();
+    assert_eq!(eval(&mut m, 2_000, 1.0)[0].to, StateKind::Drained);
+    // RECOVERING, in an incident that began at 400 with two intermittent
+    // relapses that had looked clean for 30 s on average.
+    let recovering = flat_json(
+        r#"{"Recovering":{"since_ms":1000,"weight":0.25,"next_step_ms":31000}}"#,
+        0,
+        0,
+        0,
+    );
+    let mut m: StateMachine = serde_json::from_str(&recovering).unwrap();
+    assert_eq!(m.kind(), StateKind::Recovering);
+    assert_eq!(m.incident_since_ms(), Some(400));
+    assert_eq!(m.intermittent_hold_ms(&p), 90_000);
+    assert_eq!(m.weight(&p), 0.25);
+    let mut out = Vec::new();
+    assert!(!m.release_common_cause(2_000, 401, &p, &mut out));
+    assert!(m.release_common_cause(2_000, 400, &p, &mut out));
+    assert_eq!(m.kind(), StateKind::Healthy);
+    assert!((m.penalty(2_000, &p) - 0.5).abs() < 1e-12);
+    // A relapse while RECOVERING: the probation began at 900 and looked
+    // clean for 1.1 s, which joins the incident's intermittent record.
+    let mut m: StateMachine = serde_json::from_str(&recovering).unwrap();
+    let mut out = Vec::new();
+    let e = Evaluation {
+        score: Some(1.0),
+        score_low: None,
+        score_high: None,
+        evidence: u32::MAX,
+        correlated: false,
+        intermittent: true,
+        thin_evidence: false,
+    };
+    m.step(2_000, e, &p, &mut out);
+    assert_eq!(m.kind(), StateKind::Drained);
+    assert_eq!(m.incident_since_ms(), Some(2_000));
+    assert_eq!(
+        m.intermittent_hold_ms(&p),
+        (p.intermittent_hold_factor * (61_100.0 / 3.0)) as i64
+    );
+}
+
+#[test]
+fn a_saved_machine_round_trips() {
+    let p = policy();
+    let mut m = drained();
+    let mut out = Vec::new();
+    m.evaluate(p.cooldown_ms, Some(0.0), &p, &mut out);
+    assert_eq!(m.kind(), StateKind::Observing);
+    let json = serde_json::to_string(&m).unwrap();
+    assert_eq!(serde_json::from_str::<StateMachine>(&json).unwrap(), m);
+}
