@@ -11,7 +11,7 @@ impl StateMachine {
     pub(super) fn note_relapse(&mut self, now_ms: i64, p: &StatePolicy) {
         let earned = match self.state {
             ChannelState::Recovering { .. } => true,
-            ChannelState::Healthy | ChannelState::AtRisk { .. } => self
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => self
                 .readmitted_at_ms
                 .is_some_and(|t| now_ms - t <= p.oscillation_window_ms),
             ChannelState::Drained { .. } | ChannelState::Observing { .. } => false,
@@ -54,9 +54,6 @@ impl StateMachine {
             self.relapse_decay_from_ms = Some(now_ms);
         }
         self.state = to;
-        self.over_at_risk = 0;
-        self.over_drain = 0;
-        self.under_exit = 0;
         let weight_after = self.weight(p);
         out.push(Change {
             at_ms: now_ms,
@@ -78,7 +75,14 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
-        let clean_ms = (now_ms - self.probation_since_ms).max(0);
+        let probation_since_ms = match self.state {
+            ChannelState::Observing { since_ms, .. } => since_ms,
+            ChannelState::Recovering {
+                probation_since_ms, ..
+            } => probation_since_ms,
+            _ => now_ms,
+        };
+        let clean_ms = (now_ms - probation_since_ms).max(0);
         self.drain(
             now_ms,
             TransitionReason::Relapse { score },
@@ -86,11 +90,13 @@ impl StateMachine {
             p,
             out,
         );
-        if intermittent {
-            self.intermittent_relapses += 1;
-            self.intermittent_clean_ms += clean_ms;
-        } else {
-            self.sustained_relapse = true;
+        if let Some(incident) = self.incident_mut() {
+            if intermittent {
+                incident.intermittent_relapses += 1;
+                incident.intermittent_clean_ms += clean_ms;
+            } else {
+                incident.sustained_relapse = true;
+            }
         }
     }
 
@@ -99,18 +105,21 @@ impl StateMachine {
     /// showed, so a pass sooner than a few times that is luck, not health
     /// (see `StatePolicy::intermittent_hold_factor`).
     pub fn intermittent_hold_ms(&self, p: &StatePolicy) -> i64 {
-        if self.sustained_relapse || p.intermittent_hold_factor == 0.0 {
+        let Some(i) = self.incident() else {
+            return 0;
+        };
+        if i.sustained_relapse || p.intermittent_hold_factor == 0.0 {
             return 0;
         }
-        if self.intermittent_relapses == 0 {
+        if i.intermittent_relapses == 0 {
             // No probation has shown how long the fault hides yet.
-            return if self.intermittent_drain {
+            return if i.intermittent_drain {
                 p.max_intermittent_hold_ms
             } else {
                 0
             };
         }
-        let mean = self.intermittent_clean_ms as f64 / self.intermittent_relapses as f64;
+        let mean = i.intermittent_clean_ms as f64 / i.intermittent_relapses as f64;
         ((p.intermittent_hold_factor * mean) as i64).min(p.max_intermittent_hold_ms)
     }
 
@@ -131,32 +140,37 @@ impl StateMachine {
     ) {
         let penalty = self.penalty(now_ms, p);
         self.note_relapse(now_ms, p);
-        if matches!(
-            self.state,
-            ChannelState::Healthy | ChannelState::AtRisk { .. }
-        ) {
-            // Drained from service: earlier probations say nothing now.
-            self.intermittent_relapses = 0;
-            self.intermittent_clean_ms = 0;
-            self.sustained_relapse = false;
-            self.intermittent_drain = intermittent;
-        }
-        if !matches!(
-            self.state,
-            ChannelState::Drained { .. } | ChannelState::Observing { .. }
-        ) {
-            self.incident_since_ms = now_ms;
-            self.penalty_before_incident = penalty;
-        }
+        let incident = match self.state {
+            // Drained from service: a new incident; earlier probations say
+            // nothing now.
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => Incident {
+                since_ms: now_ms,
+                penalty_before: penalty,
+                intermittent_relapses: 0,
+                intermittent_clean_ms: 0,
+                sustained_relapse: false,
+                intermittent_drain: intermittent,
+            },
+            // A relapse after re-admission begins the incident again; what
+            // its probations showed stays.
+            ChannelState::Recovering { incident, .. } => Incident {
+                since_ms: now_ms,
+                penalty_before: penalty,
+                ..incident
+            },
+            ChannelState::Drained { incident, .. } | ChannelState::Observing { incident, .. } => {
+                incident
+            }
+        };
         let cooldown = self.cooldown_ms(penalty, now_ms, p);
         self.penalty = penalty + 1.0;
         self.penalty_at_ms = now_ms;
-        self.incident_cooldown_ms = cooldown;
         self.set_state(
             now_ms,
             ChannelState::Drained {
                 since_ms: now_ms,
                 until_ms: now_ms + cooldown,
+                incident,
             },
             reason,
             p,
@@ -206,20 +220,17 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) -> bool {
-        let in_incident = matches!(
-            self.state,
-            ChannelState::Drained { .. }
-                | ChannelState::Observing { .. }
-                | ChannelState::Recovering { .. }
-        );
-        if !in_incident || self.incident_since_ms < since_ms {
+        let Some(incident) = self.incident().copied() else {
+            return false;
+        };
+        if incident.since_ms < since_ms {
             return false;
         }
-        self.penalty = self.penalty_before_incident;
+        self.penalty = incident.penalty_before;
         self.penalty_at_ms = now_ms;
         self.set_state(
             now_ms,
-            ChannelState::Healthy,
+            ChannelState::HEALTHY,
             TransitionReason::CorrelatedFailure,
             p,
             out,

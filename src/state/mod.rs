@@ -45,6 +45,7 @@ use std::collections::VecDeque;
 mod incident;
 mod pins;
 mod step;
+mod stored;
 
 use incident::{halved, next_weight, step_interval};
 #[cfg(test)]
@@ -83,32 +84,71 @@ impl std::fmt::Display for StateKind {
 /// A channel's state and the data that state needs.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ChannelState {
-    Healthy,
+    /// Full weight. Consecutive evaluations at or above `at_risk_enter`
+    /// and `drain_enter` so far (the confirmations of a move down).
+    Healthy { over_at_risk: u32, over_drain: u32 },
+    /// Reduced weight since `since_ms`. Consecutive evaluations at or above
+    /// `drain_enter`, and below `at_risk_exit`, so far.
     AtRisk {
         since_ms: i64,
+        over_drain: u32,
+        under_exit: u32,
     },
     /// Weight 0 until `until_ms` (the cool-down end).
     Drained {
         since_ms: i64,
         until_ms: i64,
+        incident: Incident,
     },
     /// Half-open share; `passes` consecutive passing evaluations so far.
     Observing {
         since_ms: i64,
         passes: u32,
+        incident: Incident,
     },
-    /// Stepping back up: `weight` now, next step at `next_step_ms`.
+    /// Stepping back up: `weight` now, next step at `next_step_ms`; the
+    /// probation began (OBSERVING entered) at `probation_since_ms`.
     Recovering {
         since_ms: i64,
         weight: f64,
         next_step_ms: i64,
+        probation_since_ms: i64,
+        incident: Incident,
     },
 }
 
+/// What an incident carries from the drain that opens it until the channel
+/// is HEALTHY again (through DRAINED, OBSERVING and RECOVERING).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Incident {
+    /// When it began (its first drain, or a relapse while recovering).
+    pub since_ms: i64,
+    /// The decayed penalty just before it began: what a release for a
+    /// correlated failure (not this channel's fault) restores.
+    pub penalty_before: f64,
+    /// Probations since the channel was drained from service that relapsed
+    /// on an intermittent reading, and for how long in all they had looked
+    /// clean (see `StatePolicy::intermittent_hold_factor`).
+    pub intermittent_relapses: u32,
+    pub intermittent_clean_ms: i64,
+    /// A probation relapsed on something else: the fault is sustained, and a
+    /// later relapse that reads intermittent is its leftovers (slow attempts
+    /// begun before it ended), not a pulse.
+    pub sustained_relapse: bool,
+    /// The incident began on an intermittent reading.
+    pub intermittent_drain: bool,
+}
+
 impl ChannelState {
+    /// HEALTHY with no confirmation counted.
+    pub const HEALTHY: ChannelState = ChannelState::Healthy {
+        over_at_risk: 0,
+        over_drain: 0,
+    };
+
     pub fn kind(&self) -> StateKind {
         match self {
-            ChannelState::Healthy => StateKind::Healthy,
+            ChannelState::Healthy { .. } => StateKind::Healthy,
             ChannelState::AtRisk { .. } => StateKind::AtRisk,
             ChannelState::Drained { .. } => StateKind::Drained,
             ChannelState::Observing { .. } => StateKind::Observing,
@@ -271,85 +311,42 @@ pub fn enough_evidence(elapsed_ms: i64, evidence: u32, p: &StatePolicy) -> bool 
 }
 
 /// The per-channel machine. Cheap to clone (a snapshot for persistence).
+/// What one state needs lives in its [`ChannelState`] variant; what spans
+/// states (penalties, the pin, relapses after re-admission) lives here.
+/// Saved in the flat layout the release before reads, and read in either
+/// layout (see `stored`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "stored::StoredMachine", into = "stored::SavedMachine")]
 pub struct StateMachine {
     state: ChannelState,
-    over_at_risk: u32,
-    over_drain: u32,
-    under_exit: u32,
     /// Incident penalty as of `penalty_at_ms`.
     penalty: f64,
     penalty_at_ms: i64,
-    /// The cool-down of the current incident.
-    incident_cooldown_ms: i64,
-    /// When the current incident began (its first drain), and the decayed
-    /// penalty just before it: what a release for a correlated failure
-    /// (not this channel's fault) restores.
-    #[serde(default)]
-    incident_since_ms: i64,
-    #[serde(default)]
-    penalty_before_incident: f64,
-    /// When the current probation began (OBSERVING entered); kept through
-    /// RECOVERING.
-    #[serde(default)]
-    probation_since_ms: i64,
-    /// Probations since the channel was last drained from service that
-    /// relapsed on an intermittent reading, and for how long in all they
-    /// had looked clean (see `StatePolicy::intermittent_hold_factor`); and
-    /// whether any relapsed on anything else: then the fault is sustained,
-    /// and a later relapse that reads intermittent is its leftovers (slow
-    /// attempts begun before it ended), not a pulse.
-    #[serde(default)]
-    intermittent_relapses: u32,
-    #[serde(default)]
-    intermittent_clean_ms: i64,
-    #[serde(default)]
-    sustained_relapse: bool,
-    /// The incident began on an intermittent reading.
-    #[serde(default)]
-    intermittent_drain: bool,
     pin: Option<Pin>,
     /// The last probation passed (OBSERVING → RECOVERING): the channel
     /// earned weight back then (see the module doc).
-    #[serde(default)]
     readmitted_at_ms: Option<i64>,
     /// Event times of relapses after re-admission within
     /// `oscillation_window_ms`.
-    #[serde(default)]
     relapses: VecDeque<i64>,
     /// The cool-down multiplier's exponent from relapses after
     /// re-admission, as of `relapse_decay_from_ms` while HEALTHY (it decays
     /// only then), frozen otherwise.
-    #[serde(default)]
     relapse_penalty: f64,
-    #[serde(default)]
     relapse_decay_from_ms: Option<i64>,
     /// The current episode of relapses raised its oscillation alarm.
-    #[serde(default)]
     oscillation_raised: bool,
     /// An oscillation alarm is due (the relapses in the window); taken by
     /// the caller with [`StateMachine::take_oscillation`].
-    #[serde(default)]
     oscillation_due: Option<u32>,
 }
 
 impl Default for StateMachine {
     fn default() -> Self {
         StateMachine {
-            state: ChannelState::Healthy,
-            over_at_risk: 0,
-            over_drain: 0,
-            under_exit: 0,
+            state: ChannelState::HEALTHY,
             penalty: 0.0,
             penalty_at_ms: 0,
-            incident_cooldown_ms: 0,
-            incident_since_ms: 0,
-            penalty_before_incident: 0.0,
-            probation_since_ms: 0,
-            intermittent_relapses: 0,
-            intermittent_clean_ms: 0,
-            sustained_relapse: false,
-            intermittent_drain: false,
             pin: None,
             readmitted_at_ms: None,
             relapses: VecDeque::new(),
@@ -375,7 +372,7 @@ impl StateMachine {
     /// The health weight factor the state alone implies, in [0, 1].
     pub fn state_weight(&self, p: &StatePolicy) -> f64 {
         match self.state {
-            ChannelState::Healthy => 1.0,
+            ChannelState::Healthy { .. } => 1.0,
             ChannelState::AtRisk { .. } => p.at_risk_weight,
             ChannelState::Drained { .. } => 0.0,
             ChannelState::Observing { .. } => p.half_open_share,
@@ -405,7 +402,7 @@ impl StateMachine {
     /// When the channel went AT_RISK, while it is.
     pub fn at_risk_since_ms(&self) -> Option<i64> {
         match self.state {
-            ChannelState::AtRisk { since_ms } => Some(since_ms),
+            ChannelState::AtRisk { since_ms, .. } => Some(since_ms),
             _ => None,
         }
     }
@@ -413,18 +410,31 @@ impl StateMachine {
     /// When the current incident began, while the channel is in one
     /// (DRAINED, OBSERVING or RECOVERING).
     pub fn incident_since_ms(&self) -> Option<i64> {
-        matches!(
-            self.state,
-            ChannelState::Drained { .. }
-                | ChannelState::Observing { .. }
-                | ChannelState::Recovering { .. }
-        )
-        .then_some(self.incident_since_ms)
+        self.incident().map(|i| i.since_ms)
+    }
+
+    /// The current incident, while the channel is in one.
+    pub fn incident(&self) -> Option<&Incident> {
+        match &self.state {
+            ChannelState::Drained { incident, .. }
+            | ChannelState::Observing { incident, .. }
+            | ChannelState::Recovering { incident, .. } => Some(incident),
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => None,
+        }
+    }
+
+    fn incident_mut(&mut self) -> Option<&mut Incident> {
+        match &mut self.state {
+            ChannelState::Drained { incident, .. }
+            | ChannelState::Observing { incident, .. }
+            | ChannelState::Recovering { incident, .. } => Some(incident),
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => None,
+        }
     }
 
     /// Is the channel somewhere a healthy baseline can be learned from.
     pub fn is_healthy(&self) -> bool {
-        matches!(self.state, ChannelState::Healthy)
+        matches!(self.state, ChannelState::Healthy { .. })
     }
 
     /// The decayed incident penalty at `now_ms`.

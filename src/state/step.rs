@@ -36,7 +36,7 @@ impl StateMachine {
     pub fn step(&mut self, now_ms: i64, e: Evaluation, p: &StatePolicy, out: &mut Vec<Change>) {
         self.expire_pin(now_ms, p, out);
         match self.state {
-            ChannelState::Healthy | ChannelState::AtRisk { .. } => {
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => {
                 if let Some(s) = e.score {
                     // Leaving AT_RISK is judged on the pessimistic reading:
                     // at its reduced weight the channel shows fewer attempts,
@@ -47,14 +47,18 @@ impl StateMachine {
                     self.step_serving(now_ms, s, exit, e, p, out);
                 }
             }
-            ChannelState::Drained { since_ms, until_ms } => {
+            ChannelState::Drained {
+                since_ms,
+                until_ms,
+                incident,
+            } => {
                 if now_ms >= until_ms {
-                    self.probation_since_ms = now_ms;
                     self.set_state(
                         now_ms,
                         ChannelState::Observing {
                             since_ms: now_ms,
                             passes: 0,
+                            incident,
                         },
                         TransitionReason::CooldownElapsed {
                             cooldown_ms: until_ms - since_ms,
@@ -64,7 +68,9 @@ impl StateMachine {
                     );
                 }
             }
-            ChannelState::Observing { since_ms, passes } => {
+            ChannelState::Observing {
+                since_ms, passes, ..
+            } => {
                 if let Some(s) = e.score {
                     let low = e.score_low.unwrap_or(s);
                     if low >= p.relapse_score {
@@ -76,9 +82,9 @@ impl StateMachine {
                 }
             }
             ChannelState::Recovering {
-                since_ms,
                 weight,
                 next_step_ms,
+                ..
             } => {
                 let relapse = e
                     .score
@@ -86,7 +92,7 @@ impl StateMachine {
                 if let Some(s) = relapse {
                     self.relapse(now_ms, s, e.intermittent, p, out);
                 } else if now_ms >= next_step_ms {
-                    self.step_recovery(now_ms, since_ms, weight, p, out);
+                    self.step_recovery(now_ms, weight, p, out);
                 }
             }
         }
@@ -104,15 +110,27 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
+        let (over_at_risk, over_drain, under_exit) = match self.state {
+            ChannelState::Healthy {
+                over_at_risk,
+                over_drain,
+            } => (over_at_risk, over_drain, 0),
+            ChannelState::AtRisk {
+                over_drain,
+                under_exit,
+                ..
+            } => (0, over_drain, under_exit),
+            _ => return,
+        };
         let count = |c: u32, hit: bool| if hit && !e.correlated { c + 1 } else { 0 };
-        self.over_drain = count(self.over_drain, s >= p.drain_enter);
-        self.over_at_risk = count(self.over_at_risk, s >= p.at_risk_enter);
-        self.under_exit = if exit_score < p.at_risk_exit {
-            self.under_exit + 1
+        let over_drain = count(over_drain, s >= p.drain_enter);
+        let over_at_risk = count(over_at_risk, s >= p.at_risk_enter);
+        let under_exit = if exit_score < p.at_risk_exit {
+            under_exit + 1
         } else {
             0
         };
-        let healthy = matches!(self.state, ChannelState::Healthy);
+        let healthy = matches!(self.state, ChannelState::Healthy { .. });
         // From AT_RISK a drain is confirmed by what the channel did since
         // it went AT_RISK (`score_low` there): even read optimistically it
         // would not leave AT_RISK. The mirror of the exit, which needs even
@@ -122,33 +140,51 @@ impl StateMachine {
         } else {
             e.score_low.is_none_or(|l| l >= p.at_risk_exit)
         };
-        if self.over_drain >= p.drain_confirmations && confirmed {
-            let evaluations = self.over_drain;
+        if over_drain >= p.drain_confirmations && confirmed {
+            let evaluations = over_drain;
             let reason = TransitionReason::ScoreDrain {
                 score: s,
                 evaluations,
             };
             self.drain(now_ms, reason, e.intermittent, p, out);
-        } else if healthy && self.over_at_risk >= p.at_risk_confirmations {
-            let evaluations = self.over_at_risk;
+        } else if healthy && over_at_risk >= p.at_risk_confirmations {
+            let evaluations = over_at_risk;
             let reason = TransitionReason::ScoreAtRisk {
                 score: s,
                 evaluations,
             };
             self.set_state(
                 now_ms,
-                ChannelState::AtRisk { since_ms: now_ms },
+                ChannelState::AtRisk {
+                    since_ms: now_ms,
+                    over_drain: 0,
+                    under_exit: 0,
+                },
                 reason,
                 p,
                 out,
             );
-        } else if !healthy && self.under_exit >= p.healthy_confirmations {
-            let evaluations = self.under_exit;
+        } else if !healthy && under_exit >= p.healthy_confirmations {
+            let evaluations = under_exit;
             let reason = TransitionReason::ScoreRecovered {
                 score: exit_score,
                 evaluations,
             };
-            self.set_state(now_ms, ChannelState::Healthy, reason, p, out);
+            self.set_state(now_ms, ChannelState::HEALTHY, reason, p, out);
+        } else {
+            // No move: the confirmations so far stay with the state.
+            match &mut self.state {
+                ChannelState::Healthy {
+                    over_at_risk: a,
+                    over_drain: d,
+                } => (*a, *d) = (over_at_risk, over_drain),
+                ChannelState::AtRisk {
+                    over_drain: d,
+                    under_exit: x,
+                    ..
+                } => (*d, *x) = (over_drain, under_exit),
+                _ => {}
+            }
         }
     }
 
@@ -166,12 +202,18 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
+        let ChannelState::Observing {
+            passes: streak,
+            incident,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        let incident = *incident;
         if s >= p.observe_pass_score {
             // Between pass and relapse: not a pass, so the streak restarts.
-            self.state = ChannelState::Observing {
-                since_ms,
-                passes: 0,
-            };
+            *streak = 0;
             return;
         }
         if !enough_evidence(now_ms - since_ms, evidence, p)
@@ -182,7 +224,9 @@ impl StateMachine {
         }
         let passes = passes + 1;
         if passes < p.observe_passes {
-            self.state = ChannelState::Observing { since_ms, passes };
+            if let ChannelState::Observing { passes: streak, .. } = &mut self.state {
+                *streak = passes;
+            }
             return;
         }
         let first = p.recovery_steps[0].step.min(1.0);
@@ -193,6 +237,8 @@ impl StateMachine {
                 since_ms: now_ms,
                 weight: first,
                 next_step_ms: now_ms + step_interval(first, p),
+                probation_since_ms: since_ms,
+                incident,
             },
             TransitionReason::ObservationPassed { passes },
             p,
@@ -204,7 +250,6 @@ impl StateMachine {
     pub(super) fn step_recovery(
         &mut self,
         now_ms: i64,
-        since_ms: i64,
         weight: f64,
         p: &StatePolicy,
         out: &mut Vec<Change>,
@@ -212,15 +257,19 @@ impl StateMachine {
         let next = next_weight(weight, p);
         if next >= 1.0 - 1e-9 {
             let reason = TransitionReason::RecoveryComplete;
-            self.set_state(now_ms, ChannelState::Healthy, reason, p, out);
+            self.set_state(now_ms, ChannelState::HEALTHY, reason, p, out);
             return;
         }
         let before = self.weight(p);
-        self.state = ChannelState::Recovering {
-            since_ms,
-            weight: next,
-            next_step_ms: now_ms + step_interval(next, p),
-        };
+        if let ChannelState::Recovering {
+            weight,
+            next_step_ms,
+            ..
+        } = &mut self.state
+        {
+            *weight = next;
+            *next_step_ms = now_ms + step_interval(next, p);
+        }
         let after = self.weight(p);
         out.push(Change {
             at_ms: now_ms,

@@ -93,7 +93,15 @@ fn fast_path_drains_immediately_at_n() {
         m.state(),
         ChannelState::Drained {
             since_ms: 8,
-            until_ms: 8 + p.cooldown_ms
+            until_ms: 8 + p.cooldown_ms,
+            incident: Incident {
+                since_ms: 8,
+                penalty_before: 0.0,
+                intermittent_relapses: 0,
+                intermittent_clean_ms: 0,
+                sustained_relapse: false,
+                intermittent_drain: false,
+            }
         }
     );
 }
@@ -139,7 +147,10 @@ fn observing_relapse_repeats_the_incident_and_grows_the_cooldown() {
     let t = p.cooldown_ms + 5_000;
     let grown = ((p.cooldown_ms as f64 * p.cooldown_growth.powf(m.penalty(t, &p) - 1.0)) as i64)
         .min(p.max_cooldown_ms);
-    let ChannelState::Drained { since_ms, until_ms } = m.state() else {
+    let ChannelState::Drained {
+        since_ms, until_ms, ..
+    } = m.state()
+    else {
         panic!("{:?}", m.state())
     };
     assert_eq!(since_ms, t);
@@ -206,7 +217,9 @@ fn readmit(m: &mut StateMachine) -> i64 {
 
 fn cooldown_of(m: &StateMachine) -> i64 {
     match m.state() {
-        ChannelState::Drained { since_ms, until_ms } => until_ms - since_ms,
+        ChannelState::Drained {
+            since_ms, until_ms, ..
+        } => until_ms - since_ms,
         s => panic!("not drained: {s:?}"),
     }
 }
@@ -449,7 +462,10 @@ fn failure_during_recovery_drops_back_and_lengthens_the_next_cooldown() {
     let t = p.cooldown_ms + 20_000;
     let ch = eval(&mut m, t, 0.7);
     assert_eq!(ch[0].to, StateKind::Drained);
-    let ChannelState::Drained { since_ms, until_ms } = m.state() else {
+    let ChannelState::Drained {
+        since_ms, until_ms, ..
+    } = m.state()
+    else {
         panic!()
     };
     let second = until_ms - since_ms;
@@ -487,7 +503,10 @@ fn the_penalty_decays_with_its_half_life() {
         m2.evaluate(t, Some(0.0), &p, &mut out);
     }
     m2.on_failure_streak(later, 5, false, &p, &mut out);
-    let ChannelState::Drained { since_ms, until_ms } = m2.state() else {
+    let ChannelState::Drained {
+        since_ms, until_ms, ..
+    } = m2.state()
+    else {
         panic!()
     };
     assert!(until_ms - since_ms < p.cooldown_ms * 101 / 100);
@@ -652,4 +671,27 @@ fn a_saved_machine_round_trips() {
     assert_eq!(m.kind(), StateKind::Observing);
     let json = serde_json::to_string(&m).unwrap();
     assert_eq!(serde_json::from_str::<StateMachine>(&json).unwrap(), m);
+    // Saved in the flat layout, which the release before reads: the same
+    // fields, and the state without its data.
+    let keys = |j: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(j).unwrap();
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&json), keys(&flat_json(r#""Healthy""#, 0, 0, 0)));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v["state"],
+        serde_json::json!({"Observing": {"since_ms": p.cooldown_ms, "passes": 0}})
+    );
+}
+
+#[test]
+fn a_machine_in_the_variant_layout_is_read_too() {
+    // What a later release may save: each state's data in its variant.
+    let json = r#"{"state":{"AtRisk":{"since_ms":100,"over_drain":1,"under_exit":0}},"penalty":0.0,"penalty_at_ms":0,"pin":null,"readmitted_at_ms":null,"relapses":[],"relapse_penalty":0.0,"relapse_decay_from_ms":null,"oscillation_raised":false,"oscillation_due":null}"#;
+    let mut m: StateMachine = serde_json::from_str(json).unwrap();
+    assert_eq!(m.at_risk_since_ms(), Some(100));
+    assert_eq!(eval(&mut m, 2_000, 1.0)[0].to, StateKind::Drained);
 }
