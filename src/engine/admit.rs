@@ -60,7 +60,7 @@ impl Engine {
         ev: &RequestEvent<'_>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        self.apply_against(ev, crate::clock::Reference::Watermark, None, out)
+        self.apply_against(ev, Some(crate::clock::Reference::Watermark), None, out)
     }
 
     /// Applies one event as it arrives live: an event stamped further ahead
@@ -83,18 +83,33 @@ impl Engine {
         hint: Option<ChannelHint>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        self.apply_against(ev, crate::clock::Reference::Wall(wall_ms), hint, out)
+        let checked = self.check_live_clock(ev, wall_ms)?;
+        self.apply_checked(ev, checked, hint, out)
     }
 
     /// Refuses an event stamped too far ahead of the wall clock, as
     /// [`Engine::apply_live`] would, without applying it: for a caller that
-    /// keys its own state by event time (dedup) before applying.
+    /// keys its own state by event time (dedup) before applying, and then
+    /// applies it with [`Engine::apply_checked`].
     pub fn check_live_clock(
         &mut self,
         ev: &RequestEvent<'_>,
         wall_ms: i64,
+    ) -> Result<LiveClockChecked, ApplyError> {
+        self.check_clock(ev, crate::clock::Reference::Wall(wall_ms))?;
+        Ok(LiveClockChecked(()))
+    }
+
+    /// [`Engine::apply_live_hinted`] for an event [`Engine::check_live_clock`]
+    /// already let through: the clock is checked once per event.
+    pub fn apply_checked(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        _checked: LiveClockChecked,
+        hint: Option<ChannelHint>,
+        out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        self.check_clock(ev, crate::clock::Reference::Wall(wall_ms))
+        self.apply_against(ev, None, hint, out)
     }
 
     /// Refuses an event stamped too far ahead of `reference` (`clock`).
@@ -129,10 +144,12 @@ impl Engine {
         }
     }
 
+    /// Admits and records `ev`, its clock checked against `reference`
+    /// (`None`: the caller checked it).
     pub(super) fn apply_against(
         &mut self,
         ev: &RequestEvent<'_>,
-        reference: crate::clock::Reference,
+        reference: Option<crate::clock::Reference>,
         hint: Option<ChannelHint>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
@@ -150,11 +167,11 @@ impl Engine {
 
     /// The channel an event is for, if the engine takes it: a known channel
     /// of the event's group, within the allowed lateness, stamped by a clock
-    /// in line with `reference`.
+    /// in line with `reference` (`None`: the caller checked it).
     pub(super) fn admit(
         &mut self,
         ev: &RequestEvent<'_>,
-        reference: crate::clock::Reference,
+        reference: Option<crate::clock::Reference>,
         hint: Option<ChannelHint>,
     ) -> Result<ChannelIdx, ApplyError> {
         let Some(idx) = self.channel_of(ev, hint) else {
@@ -171,7 +188,9 @@ impl Engine {
             }
         }
         self.check_plausible(ev)?;
-        self.check_clock(ev, reference)?;
+        if let Some(reference) = reference {
+            self.check_clock(ev, reference)?;
+        }
         let ch = &self.channels[idx as usize];
         if ch.group_id != *ev.route_group {
             self.stats.group_mismatch += 1;

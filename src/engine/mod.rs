@@ -107,6 +107,13 @@ pub struct ChannelHint {
     idx: ChannelIdx,
 }
 
+/// An event's stamp passed the live clock check
+/// ([`Engine::check_live_clock`]): what [`Engine::apply_checked`] takes, so
+/// the check runs once per event, before the caller's own state (dedup)
+/// is keyed by the event's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveClockChecked(());
+
 /// The table of `channels`' ids to their indexes.
 fn id_table(channels: &[ChannelRuntime]) -> IdTable {
     IdTable::new(

@@ -336,7 +336,7 @@ impl Partition {
             kind: e.kind(),
             reason: e.to_string(),
         };
-        self.engine.check_live_clock(ev, wall_ms).map_err(refused)?;
+        let checked = self.engine.check_live_clock(ev, wall_ms).map_err(refused)?;
         let fingerprint = match hint.fingerprint {
             0 => self
                 .dedup
@@ -351,7 +351,7 @@ impl Partition {
         }
         match self
             .engine
-            .apply_live_hinted(ev, wall_ms, hint.channel, &mut self.alerts)
+            .apply_checked(ev, checked, hint.channel, &mut self.alerts)
         {
             Ok(()) => Ok(Applied::Applied { replayed }),
             Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
