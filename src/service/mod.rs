@@ -201,19 +201,7 @@ impl Service {
         let http_addr = serve_http(&runtime, &metrics, &control, &mut tasks).await?;
         // Alerts carry the registered id from the first one on.
         let registered = registry::register_schemas(&runtime.kafka, &metrics, stop.clone()).await?;
-        tasks.push(tokio::spawn(topics::ensure(
-            runtime.kafka.clone(),
-            metrics.clone(),
-            stop.clone(),
-        )));
-        if let Some(path) = config_path {
-            tasks.push(tokio::spawn(watch_config(
-                path,
-                runtime.clone(),
-                cfg_tx,
-                metrics.clone(),
-            )));
-        }
+        spawn_watchers(&runtime, &metrics, &stop, config_path, cfg_tx, &mut tasks);
         let (state_store, sink) = stores(&store, &runtime)?;
         let producer = Arc::new(
             kafka::output_producer(&runtime.kafka, metrics.clone())
@@ -289,6 +277,31 @@ impl Service {
 /// The operators' overrides, read once before the loops start (a group
 /// taken over is frozen before its first write) and kept fresh by a task;
 /// Redis down: that task keeps trying.
+/// The tasks beside the loops: the topics' check, and the config file's
+/// watcher (when the config came from a file).
+fn spawn_watchers(
+    runtime: &Arc<Runtime>,
+    metrics: &Arc<metrics::Metrics>,
+    stop: &CancellationToken,
+    config_path: Option<PathBuf>,
+    cfg_tx: tokio::sync::watch::Sender<Arc<Config>>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) {
+    tasks.push(tokio::spawn(topics::ensure(
+        runtime.kafka.clone(),
+        metrics.clone(),
+        stop.clone(),
+    )));
+    if let Some(path) = config_path {
+        tasks.push(tokio::spawn(watch_config(
+            path,
+            runtime.clone(),
+            cfg_tx,
+            metrics.clone(),
+        )));
+    }
+}
+
 async fn start_control(
     store: &Store,
     runtime: &Runtime,

@@ -218,24 +218,8 @@ impl RequestContext {
         c: &BaseConsumer<RequestContext>,
         tpl: &mut TopicPartitionList,
     ) -> Vec<Assigned> {
-        let mut positions = std::mem::take(&mut lock(&self.shared).positions);
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-        {
-            // Lost by another of the instance's loops (or by this one, its
-            // revocation already applied).
-            let lost = lock(&self.lost);
-            for p in &partitions {
-                if let (false, Some(position)) = (positions.contains_key(p), lost.position(*p)) {
-                    positions.insert(
-                        *p,
-                        Held {
-                            position,
-                            lost: true,
-                        },
-                    );
-                }
-            }
-        }
+        let positions = self.held(&partitions);
         let mut fresh = TopicPartitionList::new();
         let mut unsure = TopicPartitionList::new();
         for p in &partitions {
@@ -270,13 +254,7 @@ impl RequestContext {
         let replay_from = self.replay_from(c, &fresh);
         let mut out = Vec::new();
         for p in partitions {
-            let high = match c.fetch_watermarks(&self.topic, p, BROKER_TIMEOUT) {
-                Ok((_, h)) => Some(h),
-                Err(e) => {
-                    tracing::warn!(partition = p, error = %e, "high watermark unavailable; the first fetch report gives it");
-                    None
-                }
-            };
+            let high = self.high_watermark(c, p);
             let known = Known {
                 position: positions.get(&p).copied(),
                 committed: committed.get(&p).copied(),
@@ -296,6 +274,36 @@ impl RequestContext {
             out.push(assigned);
         }
         out
+    }
+
+    /// Where this loop was in each of `partitions` it held: revoked by this
+    /// loop, or lost by another of the instance's loops (or by this one, its
+    /// revocation already applied).
+    fn held(&self, partitions: &[i32]) -> HashMap<i32, Held> {
+        let mut positions = std::mem::take(&mut lock(&self.shared).positions);
+        let lost = lock(&self.lost);
+        for p in partitions {
+            if let (false, Some(position)) = (positions.contains_key(p), lost.position(*p)) {
+                positions.insert(
+                    *p,
+                    Held {
+                        position,
+                        lost: true,
+                    },
+                );
+            }
+        }
+        positions
+    }
+
+    fn high_watermark(&self, c: &BaseConsumer<RequestContext>, p: i32) -> Option<i64> {
+        match c.fetch_watermarks(&self.topic, p, BROKER_TIMEOUT) {
+            Ok((_, h)) => Some(h),
+            Err(e) => {
+                tracing::warn!(partition = p, error = %e, "high watermark unavailable; the first fetch report gives it");
+                None
+            }
+        }
     }
 
     /// The group's committed offsets of `fresh` (none if the broker cannot
@@ -492,10 +500,7 @@ pub(super) fn apply(
     lost_partitions: &Mutex<LostPartitions>,
     build: impl FnOnce(&[Assigned]) -> Vec<Partition>,
 ) {
-    let forget = |partitions: &mut BTreeMap<i32, Partition>, p: i32| {
-        metrics.forget_partition(p);
-        partitions.remove(&p)
-    };
+    let forget = |partitions: &mut BTreeMap<i32, Partition>, p: i32| forget(partitions, metrics, p);
     match ev {
         RebalanceEvent::Revoked {
             partitions: ps,
@@ -524,47 +529,74 @@ pub(super) fn apply(
                 forget(partitions, p);
             }
         }
-        RebalanceEvent::Assigned { list, incremental } => {
-            {
-                let mut stash = lock(lost_partitions);
-                for a in &list {
-                    match stash.take(a.partition) {
-                        Some(part) if a.kept && !partitions.contains_key(&a.partition) => {
-                            partitions.insert(a.partition, part);
-                        }
-                        // Moved on without us, or held here already.
-                        _ => {}
-                    }
+        RebalanceEvent::Assigned { list, incremental } => assign(
+            partitions,
+            list,
+            incremental,
+            metrics,
+            lost_partitions,
+            build,
+        ),
+    }
+}
+
+fn forget(
+    partitions: &mut BTreeMap<i32, Partition>,
+    metrics: &Metrics,
+    p: i32,
+) -> Option<Partition> {
+    metrics.forget_partition(p);
+    partitions.remove(&p)
+}
+
+/// An assignment (see [`apply`]): lost partitions taken back, the ones not
+/// kept dropped (eager), the new ones built, the kept ones resumed.
+fn assign(
+    partitions: &mut BTreeMap<i32, Partition>,
+    list: Vec<Assigned>,
+    incremental: bool,
+    metrics: &Metrics,
+    lost_partitions: &Mutex<LostPartitions>,
+    build: impl FnOnce(&[Assigned]) -> Vec<Partition>,
+) {
+    {
+        let mut stash = lock(lost_partitions);
+        for a in &list {
+            match stash.take(a.partition) {
+                Some(part) if a.kept && !partitions.contains_key(&a.partition) => {
+                    partitions.insert(a.partition, part);
                 }
+                // Moved on without us, or held here already.
+                _ => {}
             }
-            let keep: Vec<(i32, Option<i64>)> = list
-                .iter()
-                .filter(|a| a.kept)
-                .map(|a| (a.partition, a.high))
-                .collect();
-            let kept = |p: &i32| keep.iter().any(|(k, _)| k == p);
-            // Eager: the assignment is the whole of it. Cooperative: it adds
-            // to the ones held.
-            if !incremental {
-                let gone: Vec<i32> = partitions.keys().filter(|p| !kept(p)).copied().collect();
-                for p in gone {
-                    forget(partitions, p);
-                }
-            }
-            let fresh: Vec<Assigned> = list
-                .into_iter()
-                .filter(|a| !a.kept || !partitions.contains_key(&a.partition))
-                .collect();
-            if !fresh.is_empty() {
-                for part in build(&fresh) {
-                    partitions.insert(part.id, part);
-                }
-            }
-            for (p, high) in keep {
-                if let Some(part) = partitions.get_mut(&p) {
-                    part.resume_held(high);
-                }
-            }
+        }
+    }
+    let keep: Vec<(i32, Option<i64>)> = list
+        .iter()
+        .filter(|a| a.kept)
+        .map(|a| (a.partition, a.high))
+        .collect();
+    let kept = |p: &i32| keep.iter().any(|(k, _)| k == p);
+    // Eager: the assignment is the whole of it. Cooperative: it adds
+    // to the ones held.
+    if !incremental {
+        let gone: Vec<i32> = partitions.keys().filter(|p| !kept(p)).copied().collect();
+        for p in gone {
+            forget(partitions, metrics, p);
+        }
+    }
+    let fresh: Vec<Assigned> = list
+        .into_iter()
+        .filter(|a| !a.kept || !partitions.contains_key(&a.partition))
+        .collect();
+    if !fresh.is_empty() {
+        for part in build(&fresh) {
+            partitions.insert(part.id, part);
+        }
+    }
+    for (p, high) in keep {
+        if let Some(part) = partitions.get_mut(&p) {
+            part.resume_held(high);
         }
     }
 }

@@ -110,17 +110,8 @@ impl StateMachine {
         p: &StatePolicy,
         out: &mut Vec<Change>,
     ) {
-        let (over_at_risk, over_drain, under_exit) = match self.state {
-            ChannelState::Healthy {
-                over_at_risk,
-                over_drain,
-            } => (over_at_risk, over_drain, 0),
-            ChannelState::AtRisk {
-                over_drain,
-                under_exit,
-                ..
-            } => (0, over_drain, under_exit),
-            _ => return,
+        let Some((over_at_risk, over_drain, under_exit)) = self.confirmations() else {
+            return;
         };
         let count = |c: u32, hit: bool| if hit && !e.correlated { c + 1 } else { 0 };
         let over_drain = count(over_drain, s >= p.drain_enter);
@@ -173,18 +164,39 @@ impl StateMachine {
             self.set_state(now_ms, ChannelState::HEALTHY, reason, p, out);
         } else {
             // No move: the confirmations so far stay with the state.
-            match &mut self.state {
-                ChannelState::Healthy {
-                    over_at_risk: a,
-                    over_drain: d,
-                } => (*a, *d) = (over_at_risk, over_drain),
-                ChannelState::AtRisk {
-                    over_drain: d,
-                    under_exit: x,
-                    ..
-                } => (*d, *x) = (over_drain, under_exit),
-                _ => {}
-            }
+            self.keep_confirmations(over_at_risk, over_drain, under_exit);
+        }
+    }
+
+    /// A serving state's confirmations so far: toward AT_RISK, toward
+    /// DRAINED, toward HEALTHY (0 where the state counts none).
+    fn confirmations(&self) -> Option<(u32, u32, u32)> {
+        match self.state {
+            ChannelState::Healthy {
+                over_at_risk,
+                over_drain,
+            } => Some((over_at_risk, over_drain, 0)),
+            ChannelState::AtRisk {
+                over_drain,
+                under_exit,
+                ..
+            } => Some((0, over_drain, under_exit)),
+            _ => None,
+        }
+    }
+
+    fn keep_confirmations(&mut self, over_at_risk: u32, over_drain: u32, under_exit: u32) {
+        match &mut self.state {
+            ChannelState::Healthy {
+                over_at_risk: a,
+                over_drain: d,
+            } => (*a, *d) = (over_at_risk, over_drain),
+            ChannelState::AtRisk {
+                over_drain: d,
+                under_exit: x,
+                ..
+            } => (*d, *x) = (over_drain, under_exit),
+            _ => {}
         }
     }
 

@@ -160,34 +160,7 @@ impl RequestLoop {
             metrics: parts.metrics.clone(),
             quiet: kafka::QuietLog::default(),
         };
-        let consumer: BaseConsumer<RequestContext> = kafka::client_config(k)
-            .set("group.id", &k.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", k.session_timeout_ms.to_string())
-            .set(
-                "heartbeat.interval.ms",
-                (k.session_timeout_ms / 3).max(100).to_string(),
-            )
-            // Incremental rebalances: partitions that stay keep their
-            // engines, only moved ones are revoked and rebuilt.
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("client.id", lane_client_id(&parts.instance, parts.lane))
-            .set("statistics.interval.ms", "1000")
-            // The loop drains its fetch queue slower than librdkafka fills
-            // it whenever it is behind; the default 1 s backoff then left
-            // it idle 0.5-0.7 s of every second (benches/end_to_end.rs:
-            // 115 k records/s with it, 470 k without).
-            .set("fetch.queue.backoff.ms", "10")
-            // A topic created after start (kafka.create_topics, or an
-            // operator) is noticed within seconds, not the default 5 min.
-            .set("topic.metadata.refresh.interval.ms", "5000")
-            .create_with_context(ctx)
-            .context("creating the request consumer")?;
-        consumer
-            .subscribe(&[k.request_topic.as_str()])
-            .context("subscribing to the request topic")?;
+        let consumer = request_consumer(k, &parts.instance, parts.lane, ctx)?;
         let registry = if k.schema_registry_url.is_empty() {
             None
         } else {
@@ -239,6 +212,44 @@ impl RequestLoop {
 }
 
 type RequestConsumer = BaseConsumer<RequestContext>;
+
+/// The lane's member of the request topic's consumer group, subscribed.
+fn request_consumer(
+    k: &crate::config::KafkaConfig,
+    instance: &str,
+    lane: usize,
+    ctx: RequestContext,
+) -> anyhow::Result<RequestConsumer> {
+    let consumer: RequestConsumer = kafka::client_config(k)
+        .set("group.id", &k.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", k.session_timeout_ms.to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (k.session_timeout_ms / 3).max(100).to_string(),
+        )
+        // Incremental rebalances: partitions that stay keep their
+        // engines, only moved ones are revoked and rebuilt.
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("client.id", lane_client_id(instance, lane))
+        .set("statistics.interval.ms", "1000")
+        // The loop drains its fetch queue slower than librdkafka fills
+        // it whenever it is behind; the default 1 s backoff then left
+        // it idle 0.5-0.7 s of every second (benches/end_to_end.rs:
+        // 115 k records/s with it, 470 k without).
+        .set("fetch.queue.backoff.ms", "10")
+        // A topic created after start (kafka.create_topics, or an
+        // operator) is noticed within seconds, not the default 5 min.
+        .set("topic.metadata.refresh.interval.ms", "5000")
+        .create_with_context(ctx)
+        .context("creating the request consumer")?;
+    consumer
+        .subscribe(&[k.request_topic.as_str()])
+        .context("subscribing to the request topic")?;
+    Ok(consumer)
+}
 
 /// The consumer's `client.id`: the instance, and the loop when there are
 /// several (broker logs and group listings tell them apart).
