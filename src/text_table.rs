@@ -1,9 +1,7 @@
 //! Plain-text tables for the command line (`hermes status`, `hermes ctl
-//! list`, the drill report): every column as wide as its widest cell, so a
-//! long cell never runs into the next column, and the last column is not
-//! padded (no trailing blanks).
-
-use std::fmt::Write;
+//! list`, the drill report), rendered by `comfy-table` without borders:
+//! every column as wide as its widest cell (by display width), two spaces
+//! between columns, and no trailing blanks.
 
 /// How a column's cells line up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,39 +51,31 @@ impl Table {
 
     /// The header and every row, one line each, columns two spaces apart.
     pub fn render(&self) -> String {
-        let n = self.header.len();
-        let widths: Vec<usize> = (0..n)
-            .map(|i| {
-                std::iter::once(&self.header)
-                    .chain(&self.rows)
-                    .map(|r| r[i].chars().count())
-                    .chain([self.min_width[i]])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let mut out = String::new();
-        for r in std::iter::once(&self.header).chain(&self.rows) {
-            let mut line = String::new();
-            for (i, cell) in r.iter().enumerate() {
-                if i > 0 {
-                    line.push_str("  ");
-                }
-                let pad = widths[i].saturating_sub(cell.chars().count());
-                match self.align[i] {
-                    Align::Right => {
-                        line.extend(std::iter::repeat_n(' ', pad));
-                        line.push_str(cell);
-                    }
-                    Align::Left => {
-                        line.push_str(cell);
-                        if i + 1 < n {
-                            line.extend(std::iter::repeat_n(' ', pad));
-                        }
-                    }
-                }
+        use comfy_table::{CellAlignment, ColumnConstraint, Width};
+        let mut t = comfy_table::Table::new();
+        t.load_preset(comfy_table::presets::NOTHING)
+            .set_header(&self.header)
+            .add_rows(&self.rows);
+        let last = self.header.len().saturating_sub(1);
+        for (i, column) in t.column_iter_mut().enumerate() {
+            // One space either side of every inner edge: two between columns.
+            column.set_padding((u16::from(i > 0), u16::from(i < last)));
+            column.set_cell_alignment(match self.align[i] {
+                Align::Left => CellAlignment::Left,
+                Align::Right => CellAlignment::Right,
+            });
+            if self.min_width[i] > 0 {
+                // The boundary counts the padding too.
+                let w = u16::try_from(self.min_width[i])
+                    .unwrap_or(u16::MAX)
+                    .saturating_add(column.padding_width());
+                column.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(w)));
             }
-            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        let mut out = String::new();
+        for line in t.lines() {
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
         out
     }
@@ -120,5 +110,17 @@ mod tests {
         t.row(["x"]);
         assert_eq!(t.render(), "A       B\nx\n");
         assert!(!t.is_empty());
+    }
+
+    #[test]
+    fn wide_characters_take_their_display_width() {
+        let mut t = Table::new(&[("CHANNEL", Align::Left), ("W", Align::Right)]);
+        t.row(["免费-a", "0.5"]);
+        t.row(["paid-a", "1.0"]);
+        let out = t.render();
+        let lines: Vec<&str> = out.lines().collect();
+        // "免费" is four columns wide: "免费-a" is six, as "paid-a".
+        assert_eq!(lines[1], "免费-a   0.5");
+        assert_eq!(lines[2], "paid-a   1.0");
     }
 }
