@@ -465,98 +465,101 @@ impl ChannelReport {
     }
 
     /// One self-contained HTML page: the same tables, and a state strip
-    /// per channel (inline SVG, no script, nothing fetched).
+    /// per channel (inline SVG, no script, nothing fetched). Built with
+    /// `maud`: every value is escaped.
     pub fn html(&self) -> String {
-        let esc = crate::sim::report::escape_html;
-        let mut s = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>Hermes channel report</title><style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f4f4f4}.legend span{display:inline-block;margin-right:1em}.sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}</style></head><body>");
-        let _ = write!(
-            s,
-            "<h1>Hermes channel report</h1><p>{} to {} ({}), from {} alerts. Availability: share of the period in HEALTHY, AT_RISK or RECOVERING. Spend is not in the alert stream: see <code>hermes_group_projected_spend_per_hour</code>.</p><p class=\"legend\">",
-            utc(self.from_ms),
-            utc(self.to_ms),
-            age(self.to_ms - self.from_ms),
-            self.alerts_read
-        );
-        for st in STATES {
-            let _ = write!(
-                s,
-                "<span><i class=\"sw\" style=\"background:{}\"></i>{st}</span>",
-                colour(st)
-            );
-        }
-        s.push_str("</p><table><tr><th>channel</th><th>group</th><th>availability</th><th>incidents</th><th>drained</th><th>worst signals</th><th>overrides</th></tr>");
-        for c in &self.channels {
-            let _ = write!(
-                s,
-                "<tr><td>{}</td><td>{}</td><td>{:.2} %</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&c.channel),
-                esc(&c.group),
-                c.availability * 100.0,
-                c.incidents.len(),
-                age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0)),
-                esc(&signals_text(&c.worst_signals)),
-                c.overrides.len()
-            );
-        }
-        s.push_str("</table>");
-        for c in &self.channels {
-            self.html_channel(&mut s, c);
-        }
-        s.push_str("</body></html>\n");
-        s
+        use maud::{html, PreEscaped, DOCTYPE};
+        let page = html! {
+            (DOCTYPE)
+            html {
+                head {
+                    meta charset="utf-8";
+                    title { "Hermes channel report" }
+                    style { (PreEscaped(REPORT_STYLE)) }
+                }
+                body {
+                    h1 { "Hermes channel report" }
+                    p {
+                        (utc(self.from_ms)) " to " (utc(self.to_ms)) " ("
+                        (age(self.to_ms - self.from_ms)) "), from " (self.alerts_read)
+                        " alerts. Availability: share of the period in HEALTHY, AT_RISK or \
+                         RECOVERING. Spend is not in the alert stream: see "
+                        code { "hermes_group_projected_spend_per_hour" } "."
+                    }
+                    p.legend {
+                        @for st in STATES {
+                            span { i.sw style=(format!("background:{}", colour(st))) {} (st) }
+                        }
+                    }
+                    table {
+                        tr {
+                            @for h in ["channel", "group", "availability", "incidents", "drained", "worst signals", "overrides"] {
+                                th { (h) }
+                            }
+                        }
+                        @for c in &self.channels {
+                            tr {
+                                td { (c.channel) }
+                                td { (c.group) }
+                                td { (format!("{:.2} %", c.availability * 100.0)) }
+                                td { (c.incidents.len()) }
+                                td { (age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0))) }
+                                td { (signals_text(&c.worst_signals)) }
+                                td { (c.overrides.len()) }
+                            }
+                        }
+                    }
+                    @for c in &self.channels {
+                        (self.html_channel(c))
+                    }
+                }
+            }
+        };
+        let mut out = page.into_string();
+        out.push('\n');
+        out
     }
 
     /// One channel's section: its state over the period, its incidents and
     /// overrides.
-    fn html_channel(&self, s: &mut String, c: &ChannelPeriod) {
-        let esc = crate::sim::report::escape_html;
+    fn html_channel(&self, c: &ChannelPeriod) -> maud::Markup {
+        use maud::html;
         let span = (self.to_ms - self.from_ms).max(1) as f64;
-        let _ = write!(s, "<h2>{} ({})</h2>", esc(&c.channel), esc(&c.group));
-        let _ = write!(
-            s,
-            "<svg width=\"1000\" height=\"40\" role=\"img\" aria-label=\"state of {}\">",
-            esc(&c.channel)
-        );
-        for (a, b, st) in &c.segments {
+        let segments = c.segments.iter().map(|(a, b, st)| {
             let x = (a - self.from_ms) as f64 / span * 1000.0;
             let w = ((b - a) as f64 / span * 1000.0).max(0.5);
-            let _ = write!(
-                s,
-                "<rect x=\"{x:.1}\" y=\"0\" width=\"{w:.1}\" height=\"24\" fill=\"{}\"><title>{st} {} .. {}</title></rect>",
-                colour(st),
-                utc(*a),
-                utc(*b)
-            );
-        }
-        let _ = write!(
-            s,
-            "<text x=\"0\" y=\"38\" font-size=\"11\">{}</text><text x=\"1000\" y=\"38\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
-            utc(self.from_ms),
-            utc(self.to_ms)
-        );
-        let _ = write!(s, "<p>Time in each state: {}.</p>", c.times_text());
-        if !c.incidents.is_empty() {
-            let _ = write!(
-                s,
-                "<table><tr><th>{}</th></tr>",
-                INCIDENT_COLUMNS.join("</th><th>")
-            );
-            for i in &c.incidents {
-                let cells: Vec<String> = i.cells().iter().map(|c| esc(c)).collect();
-                let _ = write!(s, "<tr><td>{}</td></tr>", cells.join("</td><td>"));
+            let tip = format!("{st} {} .. {}", utc(*a), utc(*b));
+            (format!("{x:.1}"), format!("{w:.1}"), colour(st), tip)
+        });
+        html! {
+            h2 { (c.channel) " (" (c.group) ")" }
+            svg width="1000" height="40" role="img" aria-label=(format!("state of {}", c.channel)) {
+                @for (x, w, fill, tip) in segments {
+                    rect x=(x) y="0" width=(w) height="24" fill=(fill) { title { (tip) } }
+                }
+                text x="0" y="38" font-size="11" { (utc(self.from_ms)) }
+                text x="1000" y="38" font-size="11" text-anchor="end" { (utc(self.to_ms)) }
             }
-            s.push_str("</table>");
-        }
-        for o in &c.overrides {
-            let _ = write!(
-                s,
-                "<p>Override at {}: {}</p>",
-                utc(o.at_ms),
-                esc(&o.message)
-            );
+            p { "Time in each state: " (c.times_text()) "." }
+            @if !c.incidents.is_empty() {
+                table {
+                    tr { @for h in INCIDENT_COLUMNS { th { (h) } } }
+                    @for i in &c.incidents {
+                        tr { @for cell in i.cells() { td { (cell) } } }
+                    }
+                }
+            }
+            @for o in &c.overrides {
+                p { "Override at " (utc(o.at_ms)) ": " (o.message) }
+            }
         }
     }
 }
+
+const REPORT_STYLE: &str = "body{font-family:sans-serif;margin:2em;max-width:1100px}\
+    table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}\
+    th{background:#f4f4f4}.legend span{display:inline-block;margin-right:1em}\
+    .sw{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}";
 
 /// A state's colour on the report's charts.
 fn colour(state: &str) -> &'static str {
@@ -609,11 +612,12 @@ mod tests {
     }
 
     #[test]
-    fn html_escapes_quotes_too() {
-        assert_eq!(
-            crate::sim::report::escape_html("<a title=\"x\">'&'</a>"),
-            "&lt;a title=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
+    fn names_from_the_alert_stream_are_escaped_in_the_page() {
+        let mut a = transition(5_000, "HEALTHY", "DRAINED", Severity::P1, &[]);
+        a.channel_id = Some("<b onclick=\"x\">'&'</b>".into());
+        let html = build(&[a], 0, 10_000, &[]).html();
+        assert!(!html.contains("<b onclick"), "{html}");
+        assert!(html.contains("&lt;b onclick=&quot;x&quot;&gt;'&amp;'&lt;/b&gt;"));
     }
 
     #[test]
