@@ -30,6 +30,7 @@ pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod overrides;
+pub mod ownership;
 pub mod partition;
 pub mod rebalance;
 pub mod registry;
@@ -214,7 +215,7 @@ impl Service {
         let parts = requests::LoopParts {
             cfg_rx,
             runtime: runtime.clone(),
-            ownership: Arc::new(groups::Ownership::default()),
+            ownership: Arc::new(ownership::Ownership::default()),
             store: state_store,
             producer,
             rt: tokio::runtime::Handle::current(),

@@ -26,6 +26,7 @@
 use super::kafka::{self, OutputProducer};
 use super::metrics::{GroupGauges, Metrics};
 use super::overrides::Overrides;
+use super::ownership::Ownership;
 use crate::alert::{AlertEvent, AlertRules};
 use crate::board::{writer_partition, NotReady};
 use crate::composition::GroupPlanner;
@@ -36,42 +37,12 @@ use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 mod publish;
-
-/// The request partitions this instance owns, as the request loop last
-/// saw them, and how many the topic has.
-#[derive(Default)]
-pub struct Ownership {
-    /// Per request loop (`service.request_threads`): each is a member of
-    /// the consumer group with partitions of its own.
-    owned: Mutex<std::collections::BTreeMap<usize, BTreeSet<i32>>>,
-    pub request_partitions: AtomicU32,
-}
-
-impl Ownership {
-    /// Request loop `lane`'s partitions.
-    pub fn set_owned(&self, lane: usize, owned: BTreeSet<i32>) {
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(lane, owned);
-    }
-    /// Every partition this instance's request loops own.
-    pub fn owned(&self) -> BTreeSet<i32> {
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .flatten()
-            .copied()
-            .collect()
-    }
-}
 
 /// Where snapshots are written: Redis (the service), or in process (the
 /// embedded demo without Redis). Both fence by (epoch, version).

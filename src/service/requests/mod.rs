@@ -28,10 +28,10 @@
 //! one failure policy), and between batches (`housekeeping`) committing,
 //! idle advance, config reloads and the operator command inbox.
 
-use super::groups::Ownership;
 use super::kafka::{self, OutputProducer};
 use super::metrics::{Dependency, Metrics};
 use super::overrides::Overrides;
+use super::ownership::Ownership;
 use super::partition::{
     Applied, Hint, Lookahead, OutputSink, Outputs, Partition, Position, Refused, Step,
 };
