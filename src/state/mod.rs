@@ -316,7 +316,7 @@ pub fn enough_evidence(elapsed_ms: i64, evidence: u32, p: &StatePolicy) -> bool 
 /// Saved in the flat layout the release before reads, and read in either
 /// layout (see `stored`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(from = "stored::StoredMachine", into = "stored::SavedMachine")]
+#[serde(from = "stored::StoredMachine", into = "stored::StoredMachine")]
 pub struct StateMachine {
     state: ChannelState,
     /// Incident penalty as of `penalty_at_ms`.

@@ -11,13 +11,18 @@
 use super::*;
 use serde::{Deserialize, Serialize};
 
-/// A saved machine as read: the fields both layouts share, and the flat
-/// fields only the older one has (absent in the current one).
-#[derive(Deserialize)]
+/// A saved machine: the fields both layouts share, and the flat fields
+/// only the flat one has (absent in the variant one). Read in either
+/// layout; written in the flat one (see [`StoredMachine::from`]).
+/// `incident_cooldown_ms` is a field the release before reads as required
+/// (and uses for nothing): written as the cool-down while DRAINED, else 0.
+#[derive(Serialize, Deserialize)]
 pub(super) struct StoredMachine {
     state: StoredState,
     penalty: f64,
     penalty_at_ms: i64,
+    #[serde(default)]
+    incident_cooldown_ms: i64,
     pin: Option<Pin>,
     #[serde(default)]
     readmitted_at_ms: Option<i64>,
@@ -51,7 +56,7 @@ struct FlatFields {
     intermittent_drain: bool,
 }
 
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum StoredState {
     Current(ChannelState),
@@ -151,28 +156,9 @@ impl From<StoredMachine> for StateMachine {
     }
 }
 
-/// A machine as saved: the flat layout. `incident_cooldown_ms` is a field
-/// the release before reads as required (and uses for nothing): the
-/// cool-down while DRAINED, else 0.
-#[derive(Serialize)]
-pub(super) struct SavedMachine {
-    state: FlatState,
-    #[serde(flatten)]
-    flat: FlatFields,
-    penalty: f64,
-    penalty_at_ms: i64,
-    incident_cooldown_ms: i64,
-    pin: Option<Pin>,
-    readmitted_at_ms: Option<i64>,
-    relapses: VecDeque<i64>,
-    relapse_penalty: f64,
-    relapse_decay_from_ms: Option<i64>,
-    oscillation_raised: bool,
-    oscillation_due: Option<u32>,
-}
-
-impl From<StateMachine> for SavedMachine {
-    fn from(m: StateMachine) -> SavedMachine {
+impl From<StateMachine> for StoredMachine {
+    /// The flat layout.
+    fn from(m: StateMachine) -> StoredMachine {
         let mut flat = FlatFields::default();
         if let Some(i) = m.incident() {
             flat.incident_since_ms = i.since_ms;
@@ -228,8 +214,8 @@ impl From<StateMachine> for SavedMachine {
                 }
             }
         };
-        SavedMachine {
-            state,
+        StoredMachine {
+            state: StoredState::Flat(state),
             flat,
             penalty: m.penalty,
             penalty_at_ms: m.penalty_at_ms,
