@@ -465,13 +465,7 @@ fn arb_group() -> impl Strategy<Value = GroupInput> {
         proptest::option::of(0.0f64..500_000.0),
     )
         .prop_map(|(chans, demand, budget)| {
-            let states = [
-                StateKind::Healthy,
-                StateKind::AtRisk,
-                StateKind::Drained,
-                StateKind::Observing,
-                StateKind::Recovering,
-            ];
+            let states = StateKind::ALL;
             let channels = chans
                 .into_iter()
                 .enumerate()

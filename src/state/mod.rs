@@ -64,6 +64,15 @@ pub enum StateKind {
 }
 
 impl StateKind {
+    /// Every state, in the machine's order.
+    pub const ALL: [StateKind; 5] = [
+        StateKind::Healthy,
+        StateKind::AtRisk,
+        StateKind::Drained,
+        StateKind::Observing,
+        StateKind::Recovering,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             StateKind::Healthy => "HEALTHY",

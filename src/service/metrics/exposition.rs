@@ -8,16 +8,6 @@ use super::*;
 #[derive(Debug)]
 pub(super) struct Exporter(pub(super) std::sync::Arc<Metrics>);
 
-/// Every state a channel can be in: `hermes_channel_state` is one-hot
-/// over these.
-pub(super) const STATES: [StateKind; 5] = [
-    StateKind::Healthy,
-    StateKind::AtRisk,
-    StateKind::Drained,
-    StateKind::Observing,
-    StateKind::Recovering,
-];
-
 pub(super) type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 /// The channel gauges with only group and channel labels: name, help, and
@@ -279,7 +269,7 @@ impl Metrics {
             latency,
         )?;
         let states = per_label(&channels, "state", |g| {
-            STATES
+            StateKind::ALL
                 .iter()
                 .map(|s| (s.as_str(), f64::from(u8::from(g.state == s.as_str()))))
                 .collect()

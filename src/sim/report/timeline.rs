@@ -55,14 +55,7 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
 
 /// What the lines and colours mean.
 fn legend() -> Markup {
-    use crate::state::StateKind;
-    let states = [
-        StateKind::Healthy,
-        StateKind::AtRisk,
-        StateKind::Drained,
-        StateKind::Observing,
-        StateKind::Recovering,
-    ];
+    let states = crate::state::StateKind::ALL;
     html! {
         div.legend {
             span style="color:#111" { "\u{25AC} health weight" }
