@@ -468,56 +468,44 @@ impl ChannelReport {
     /// per channel (inline SVG, no script, nothing fetched). Built with
     /// `maud`: every value is escaped.
     pub fn html(&self) -> String {
-        use maud::{html, PreEscaped, DOCTYPE};
-        let page = html! {
-            (DOCTYPE)
-            html {
-                head {
-                    meta charset="utf-8";
-                    title { "Hermes channel report" }
-                    style { (PreEscaped(REPORT_STYLE)) }
+        use maud::html;
+        let body = html! {
+            h1 { "Hermes channel report" }
+            p {
+                (utc(self.from_ms)) " to " (utc(self.to_ms)) " ("
+                (age(self.to_ms - self.from_ms)) "), from " (self.alerts_read)
+                " alerts. Availability: share of the period in HEALTHY, AT_RISK or \
+                 RECOVERING. Spend is not in the alert stream: see "
+                code { "hermes_group_projected_spend_per_hour" } "."
+            }
+            p.legend {
+                @for st in STATES {
+                    span { i.sw style=(format!("background:{}", colour(st))) {} (st) }
                 }
-                body {
-                    h1 { "Hermes channel report" }
-                    p {
-                        (utc(self.from_ms)) " to " (utc(self.to_ms)) " ("
-                        (age(self.to_ms - self.from_ms)) "), from " (self.alerts_read)
-                        " alerts. Availability: share of the period in HEALTHY, AT_RISK or \
-                         RECOVERING. Spend is not in the alert stream: see "
-                        code { "hermes_group_projected_spend_per_hour" } "."
+            }
+            table {
+                tr {
+                    @for h in ["channel", "group", "availability", "incidents", "drained", "worst signals", "overrides"] {
+                        th { (h) }
                     }
-                    p.legend {
-                        @for st in STATES {
-                            span { i.sw style=(format!("background:{}", colour(st))) {} (st) }
-                        }
-                    }
-                    table {
-                        tr {
-                            @for h in ["channel", "group", "availability", "incidents", "drained", "worst signals", "overrides"] {
-                                th { (h) }
-                            }
-                        }
-                        @for c in &self.channels {
-                            tr {
-                                td { (c.channel) }
-                                td { (c.group) }
-                                td { (format!("{:.2} %", c.availability * 100.0)) }
-                                td { (c.incidents.len()) }
-                                td { (age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0))) }
-                                td { (signals_text(&c.worst_signals)) }
-                                td { (c.overrides.len()) }
-                            }
-                        }
-                    }
-                    @for c in &self.channels {
-                        (self.html_channel(c))
+                }
+                @for c in &self.channels {
+                    tr {
+                        td { (c.channel) }
+                        td { (c.group) }
+                        td { (format!("{:.2} %", c.availability * 100.0)) }
+                        td { (c.incidents.len()) }
+                        td { (age(c.time_in_state_ms.get("DRAINED").copied().unwrap_or(0))) }
+                        td { (signals_text(&c.worst_signals)) }
+                        td { (c.overrides.len()) }
                     }
                 }
             }
+            @for c in &self.channels {
+                (self.html_channel(c))
+            }
         };
-        let mut out = page.into_string();
-        out.push('\n');
-        out
+        crate::sim::report::html_page("Hermes channel report", REPORT_STYLE, body)
     }
 
     /// One channel's section: its state over the period, its incidents and

@@ -27,25 +27,32 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
         band: 14.0,
         dur: sc.duration_s.max(1.0),
     };
+    let body = html! {
+        h1 { "Drill: " (sc.name) }
+        p { (sc.description) }
+        (legend())
+        @for (j, c) in sc.channels.iter().enumerate() {
+            h2 { (c.id) " (" (c.tier.as_str()) ", capacity " (c.capacity_rps) " rps)" }
+            (chart.svg(c, &run.channels[j].samples))
+        }
+        h2 { "Report" }
+        pre { (table(report)) }
+    };
+    html_page("Hermes drill", STYLE, body)
+}
+
+/// A self-contained page (the drill timeline, the weekly channel report):
+/// a title, its style sheet and its body, one line.
+pub fn html_page(title: &str, style: &str, body: Markup) -> String {
     let page = html! {
         (DOCTYPE)
         html {
             head {
                 meta charset="utf-8";
-                title { "Hermes drill" }
-                style { (PreEscaped(STYLE)) }
+                title { (title) }
+                style { (PreEscaped(style)) }
             }
-            body {
-                h1 { "Drill: " (sc.name) }
-                p { (sc.description) }
-                (legend())
-                @for (j, c) in sc.channels.iter().enumerate() {
-                    h2 { (c.id) " (" (c.tier.as_str()) ", capacity " (c.capacity_rps) " rps)" }
-                    (chart.svg(c, &run.channels[j].samples))
-                }
-                h2 { "Report" }
-                pre { (table(report)) }
-            }
+            body { (body) }
         }
     };
     let mut out = page.into_string();
