@@ -20,9 +20,19 @@ use crate::config::KafkaConfig;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Writer schemas (their JSON, by id) one of an instance's request loops
-/// fetched, for the others: the registry is asked once per instance.
-pub type FetchedSchemas = Arc<Mutex<ahash::AHashMap<u32, String>>>;
+/// What an instance's request loops learned from the registry, shared so
+/// that the registry is asked once per instance and id, not once per loop.
+pub type FetchedSchemas = Arc<Mutex<Fetched>>;
+
+/// The registry's answers so far.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    /// Writer schemas (their JSON), by id.
+    schemas: ahash::AHashMap<u32, String>,
+    /// Ids the registry answered 404 for (or whose schema does not parse),
+    /// and until when that is believed.
+    missing: ahash::AHashMap<u32, Instant>,
+}
 
 pub struct Registry {
     agent: ureq::Agent,
@@ -33,8 +43,6 @@ pub struct Registry {
     pub cache: SchemaCache,
     /// What the instance's request loops fetched so far.
     fetched: FetchedSchemas,
-    /// Ids the registry answered 404 for, and until when that is believed.
-    missing: ahash::AHashMap<u32, Instant>,
     missing_ttl: Duration,
 }
 
@@ -100,7 +108,6 @@ impl Registry {
             auth,
             cache: SchemaCache::default(),
             fetched: FetchedSchemas::default(),
-            missing: ahash::AHashMap::new(),
             missing_ttl: Duration::from_millis(k.schema_registry_missing_ttl_ms.max(0) as u64),
         })
     }
@@ -162,19 +169,48 @@ impl Registry {
 
     /// Fetches and caches schema `id`. Err: the registry could not be asked
     /// or did not answer usefully (retry later; never a reason to discard).
+    ///
+    /// One loop asks at a time (the shared answers stay locked while it
+    /// does): two loops meeting the same new id ask once. This runs once
+    /// per unknown id, not per record, so the wait is rare and short.
     pub fn fetch(&mut self, id: u32) -> Result<Lookup, String> {
-        if let Some(until) = self.missing.get(&id) {
+        let fetched = self.fetched.clone();
+        let mut fetched = crate::service::rebalance::lock(&fetched);
+        if let Some(until) = fetched.missing.get(&id) {
             if Instant::now() < *until {
                 return Ok(Lookup::Missing);
             }
-            self.missing.remove(&id);
+            fetched.missing.remove(&id);
         }
-        let known = crate::service::rebalance::lock(&self.fetched)
-            .get(&id)
-            .cloned();
-        if let Some(schema) = known {
-            return Ok(self.cache_schema(id, &schema));
+        let schema = match fetched.schemas.get(&id) {
+            Some(known) => known.clone(),
+            None => match self.ask(id)? {
+                Some(schema) => schema,
+                None => {
+                    fetched
+                        .missing
+                        .insert(id, Instant::now() + self.missing_ttl);
+                    return Ok(Lookup::Missing);
+                }
+            },
+        };
+        match self.cache.insert_json(id, &schema) {
+            Ok(()) => {
+                fetched.schemas.insert(id, schema);
+                Ok(Lookup::Found)
+            }
+            Err(e) => {
+                tracing::warn!(schema_id = id, error = %e, "registry schema does not parse");
+                fetched
+                    .missing
+                    .insert(id, Instant::now() + self.missing_ttl);
+                Ok(Lookup::Missing)
+            }
         }
+    }
+
+    /// `GET /schemas/ids/{id}`: the schema's JSON, or None for a 404.
+    fn ask(&self, id: u32) -> Result<Option<String>, String> {
         let mut req = self
             .agent
             .get(&format!("{}/schemas/ids/{id}", self.base))
@@ -187,10 +223,7 @@ impl Registry {
         }
         let resp = match req.call() {
             Ok(r) => r,
-            Err(ureq::Error::Status(404, _)) => {
-                self.missing.insert(id, Instant::now() + self.missing_ttl);
-                return Ok(Lookup::Missing);
-            }
+            Err(ureq::Error::Status(404, _)) => return Ok(None),
             Err(ureq::Error::Status(code, _)) => {
                 return Err(format!("schema registry answered HTTP {code}"))
             }
@@ -205,22 +238,7 @@ impl Registry {
             .map_err(|e| format!("schema registry: reading the body: {e}"))?;
         let body: Body = serde_json::from_str(&text)
             .map_err(|e| format!("schema registry: unexpected body: {e}"))?;
-        let found = self.cache_schema(id, &body.schema);
-        if found == Lookup::Found {
-            crate::service::rebalance::lock(&self.fetched).insert(id, body.schema);
-        }
-        Ok(found)
-    }
-
-    fn cache_schema(&mut self, id: u32, schema: &str) -> Lookup {
-        match self.cache.insert_json(id, schema) {
-            Ok(()) => Lookup::Found,
-            Err(e) => {
-                tracing::warn!(schema_id = id, error = %e, "registry schema does not parse");
-                self.missing.insert(id, Instant::now() + self.missing_ttl);
-                Lookup::Missing
-            }
-        }
+        Ok(Some(body.schema))
     }
 }
 
@@ -379,6 +397,24 @@ mod tests {
         assert!(lane1.cache.writer_schema(7).is_some());
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(heads.try_iter().count(), 1, "asked once");
+    }
+
+    #[test]
+    fn loops_meeting_an_unknown_id_at_once_ask_once() {
+        let (url, heads) = serve(8, "404 Not Found", "{\"error_code\":40403}".into());
+        let shared = FetchedSchemas::default();
+        let k = kafka(&url);
+        let lanes: Vec<_> = (0..4)
+            .map(|_| {
+                let mut lane = Registry::new(&k).unwrap().sharing(shared.clone());
+                std::thread::spawn(move || lane.fetch(12345))
+            })
+            .collect();
+        for lane in lanes {
+            assert_eq!(lane.join().unwrap(), Ok(Lookup::Missing));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(heads.try_iter().count(), 1, "a 404 is shared too");
     }
 
     #[test]
