@@ -97,7 +97,7 @@ impl ChannelRuntime {
     /// The score read optimistically and pessimistically (see
     /// `score::optimistic`): what a move down and a move up are judged on.
     pub(super) fn bounds(
-        &self,
+        &mut self,
         horizons: &crate::signals::Horizons,
         now: i64,
     ) -> (Option<f64>, Option<f64>) {
@@ -121,9 +121,10 @@ impl ChannelRuntime {
             now,
             since,
         );
+        // The windows' failure rate swapped for the readings since AT_RISK,
+        // judged, then put back (no copy of the rest).
         let k = SignalKind::BadOutcomeRate as usize;
-        let mut since_at_risk = self.signals.clone();
-        since_at_risk.values[k] = Some(rate.exit);
+        let windows = self.signals.values[k].replace(rate.exit);
         let min = SignalKind::BadOutcomeRate
             .policy(&policy.signals)
             .min_samples;
@@ -134,9 +135,11 @@ impl ChannelRuntime {
         // serving score, whose rates are read at bounds that widen as
         // evidence thins.
         let exit = (rate.exit.samples >= min || !waited)
-            .then(|| pessimistic(&since_at_risk, &policy.signals, z));
-        since_at_risk.values[k] = Some(rate.drain);
-        (Some(optimistic(&since_at_risk, &policy.signals, z)), exit)
+            .then(|| pessimistic(&self.signals, &policy.signals, z));
+        self.signals.values[k] = Some(rate.drain);
+        let drain = optimistic(&self.signals, &policy.signals, z);
+        self.signals.values[k] = windows;
+        (Some(drain), exit)
     }
 
     /// AT_RISK only: the score with the failure rate of the episode that
