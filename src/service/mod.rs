@@ -48,6 +48,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// A lock on state an instance's loops share. A loop that panicked while
+/// holding it left the data as it was mid-update, which is still the best
+/// there is (counters, ownership, fetched schemas): the other loops go on.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Validates what `hermes run` needs beyond a valid engine config.
 pub fn check_runnable(rt: &Runtime) -> Result<(), crate::config::ConfigError> {
     use crate::config::{ConfigError, ConfigIssue};

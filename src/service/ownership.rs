@@ -18,16 +18,11 @@ pub struct Ownership {
 impl Ownership {
     /// Request loop `lane`'s partitions.
     pub fn set_owned(&self, lane: usize, owned: BTreeSet<i32>) {
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(lane, owned);
+        super::lock(&self.owned).insert(lane, owned);
     }
     /// Every partition this instance's request loops own.
     pub fn owned(&self) -> BTreeSet<i32> {
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        super::lock(&self.owned)
             .values()
             .flatten()
             .copied()

@@ -175,7 +175,7 @@ impl Registry {
     /// per unknown id, not per record, so the wait is rare and short.
     pub fn fetch(&mut self, id: u32) -> Result<Lookup, String> {
         let fetched = self.fetched.clone();
-        let mut fetched = crate::service::rebalance::lock(&fetched);
+        let mut fetched = crate::service::lock(&fetched);
         if let Some(until) = fetched.missing.get(&id) {
             if Instant::now() < *until {
                 return Ok(Lookup::Missing);

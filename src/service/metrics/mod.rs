@@ -8,6 +8,7 @@
 //! The rooms: this file holds the state the loops update; `exposition`
 //! encodes it at scrape time, `readiness` keeps what `/readyz` answers.
 
+use super::lock;
 use crate::health::TOP_SIGNALS;
 use crate::short_str::ShortStr;
 use crate::signals::{SignalKind, SIGNAL_COUNT};
@@ -203,10 +204,6 @@ type AlertSeries = (String, String, &'static str, &'static str);
 
 /// How many alert lines [`Metrics::recent_alerts`] keeps.
 const RECENT_ALERTS: usize = 8;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl Metrics {
     pub fn inc(c: &AtomicU64) {

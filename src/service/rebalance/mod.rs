@@ -12,6 +12,7 @@
 //! idle detection reads.
 
 use super::kafka::OutputProducer;
+use super::lock;
 use super::metrics::{Dependency, Metrics};
 use super::partition::Partition;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -207,10 +208,6 @@ impl ClientContext for RequestContext {
             }
         }
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl RequestContext {

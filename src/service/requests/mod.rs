@@ -29,13 +29,14 @@
 //! idle advance, config reloads and the operator command inbox.
 
 use super::kafka::{self, OutputProducer};
+use super::lock;
 use super::metrics::{Dependency, Metrics};
 use super::overrides::Overrides;
 use super::ownership::Ownership;
 use super::partition::{
     Applied, Hint, Lookahead, OutputSink, Outputs, Partition, Position, Refused, Step,
 };
-use super::rebalance::{self, lock, Assigned, LostPartitions, RequestContext, Shared};
+use super::rebalance::{self, Assigned, LostPartitions, RequestContext, Shared};
 use super::registry::Registry;
 use super::state_store::{SavedState, StateStore, StateWrite};
 use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
