@@ -76,6 +76,8 @@ async fn events_flow_through_kafka_and_a_dead_channel_is_drained() {
     );
     assert!(summary.garbage_sent > 0);
     assert_eq!(summary.dead_lettered, summary.garbage_sent);
+    // Both request loops committed before either left the group.
+    assert_eq!(summary.uncommitted_at_stop, 0, "{summary:?}");
     assert_eq!(summary.dead_letters_read_back, summary.dead_lettered);
 
     // The refusing channel was drained (fast path) and stays drained

@@ -839,6 +839,40 @@ fn assigned(h: &Hermes) -> Vec<i32> {
         .collect()
 }
 
+/// Per request partition: the offset group `group` committed, and the
+/// partition's end.
+fn committed_and_end_offsets(brokers: &str, group: &str) -> (Vec<i64>, Vec<i64>) {
+    use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for (_, p) in CHANNELS {
+        tpl.add_partition("hermes.requests", *p);
+    }
+    let committed = c
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap()
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => o,
+            _ => -1,
+        })
+        .collect();
+    let ends = CHANNELS
+        .iter()
+        .map(|(_, p)| {
+            c.fetch_watermarks("hermes.requests", *p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .collect();
+    (committed, ends)
+}
+
 /// Two instances, `a` started first (so it leads the group: tansu strands
 /// the partitions of a SIGKILLed leader) and `b`, once they have split the
 /// three partitions between them; with each one's partitions.
@@ -2184,7 +2218,7 @@ fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
     let port = free_port();
     let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000)
         .replace("[service]\n", "[service]\nrequest_threads = 2\n");
-    let hermes = Hermes::start(&dir, "threads", &cfg, port);
+    let mut hermes = Hermes::start(&dir, "threads", &cfg, port);
     let t0 = Instant::now();
     while assigned(&hermes).len() < 3 {
         assert!(
@@ -2229,6 +2263,18 @@ fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
     eprintln!(
         "two request threads: free-a drained {drained:?} after failing; {applied} of {sent} events applied; \
          loops that logged an assignment: {members:?}"
+    );
+    // A stop commits both loops' offsets before either leaves the group
+    // (the first to leave starts a rebalance, and the broker refuses a
+    // commit during one): whoever takes the partitions over starts where
+    // this instance stopped, not at its last periodic commit.
+    hermes.terminate();
+    let (committed, ends) = committed_and_end_offsets(&kafka.bootstrap(), "hermes");
+    assert_eq!(
+        committed,
+        ends,
+        "committed offsets after a stop = the partitions' ends\n{}",
+        hermes.log_tail()
     );
     assert_no_regression(&log.all());
     let _ = std::fs::remove_dir_all(&dir);

@@ -50,13 +50,14 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
             config_path: None,
         }))?;
     println!(
-        "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, weight versions {:?}\nfinal states: {:?}",
+        "\ndemo finished: {} events produced ({} garbage records), {} consumed, {} applied, {} dead-lettered, {} alerts produced, {} left uncommitted at stop, weight versions {:?}\nfinal states: {:?}",
         summary.produced,
         summary.garbage_sent,
         summary.consumed,
         summary.applied,
         summary.dead_lettered,
         summary.alerts_produced,
+        summary.uncommitted_at_stop,
         summary.snapshot_versions,
         summary.final_states
     );

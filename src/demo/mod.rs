@@ -95,6 +95,10 @@ pub struct DemoSummary {
     /// Alerts read back by kind, and those that page.
     pub alert_kinds_read_back: BTreeMap<String, u64>,
     pub pages_read_back: u64,
+    /// Request records the service had consumed but not committed when it
+    /// stopped (each partition's end minus the group's committed offset):
+    /// whoever takes the partitions over would handle them again.
+    pub uncommitted_at_stop: u64,
 }
 
 /// Reads a topic from the start until `expected` records or the timeout.
@@ -218,12 +222,45 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
         .read()
         .map(|v| v.clone())
         .unwrap_or_default();
+    summary.uncommitted_at_stop = {
+        let (bootstrap, topics) = (bootstrap.clone(), topics.clone());
+        tokio::task::spawn_blocking(move || uncommitted(&bootstrap, &topics)).await??
+    };
     read_outputs(&bootstrap, &topics, &mut summary).await?;
     // Clients before the cluster they talk to, or librdkafka reports every
     // broker down on the way out.
     drop(producer);
     drop(mock);
     Ok(summary)
+}
+
+/// The request records past the consumer group's committed offsets.
+fn uncommitted(bootstrap: &str, topics: &KafkaConfig) -> anyhow::Result<u64> {
+    use rdkafka::consumer::BaseConsumer;
+    use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", &topics.group_id)
+        .create()
+        .context("creating the offsets reader")?;
+    let timeout = Duration::from_secs(5);
+    let meta = c.fetch_metadata(Some(&topics.request_topic), timeout)?;
+    let mut tpl = TopicPartitionList::new();
+    for t in meta.topics() {
+        for p in t.partitions() {
+            tpl.add_partition(&topics.request_topic, p.id());
+        }
+    }
+    let mut behind = 0;
+    for e in c.committed_offsets(tpl, timeout)?.elements() {
+        let (_, end) = c.fetch_watermarks(&topics.request_topic, e.partition(), timeout)?;
+        let committed = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
+        behind += (end - committed).max(0) as u64;
+    }
+    Ok(behind)
 }
 
 /// What a downstream consumer of the output topics sees: the alerts (and

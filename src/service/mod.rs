@@ -238,6 +238,7 @@ impl Service {
             ))),
             lost: Arc::default(),
             schemas: Arc::default(),
+            leaving: Arc::default(),
         };
         let group_loop = groups::GroupLoopParts::beside(&parts, sink, local_rx);
         let request_loops =

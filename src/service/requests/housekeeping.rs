@@ -11,6 +11,15 @@ impl LoopState {
     /// (after librdkafka's own retries) stops the loop without committing
     /// past it.
     pub(super) fn commit(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        self.commit_with(consumer, CommitMode::Async)
+    }
+
+    /// [`commit`](Self::commit), synchronously or not.
+    pub(super) fn commit_with(
+        &mut self,
+        consumer: &RequestConsumer,
+        mode: CommitMode,
+    ) -> anyhow::Result<()> {
         if let Err(e) = self.emitter.producer.flush(Duration::from_secs(2)) {
             tracing::debug!(error = %e, "outputs still in flight; commit waits for the next round");
             return Ok(());
@@ -22,7 +31,7 @@ impl LoopState {
             );
         }
         if self.partitions.values().any(|p| p.active) {
-            match consumer.commit_consumer_state(CommitMode::Async) {
+            match consumer.commit_consumer_state(mode) {
                 Ok(()) => Metrics::inc(&self.metrics.commits),
                 // Nothing stored since the last commit.
                 Err(rdkafka::error::KafkaError::ConsumerCommit(

@@ -57,6 +57,8 @@ mod emitter;
 mod records;
 use emitter::*;
 mod housekeeping;
+mod leaving;
+pub use leaving::Leaving;
 
 /// Records the loop takes from librdkafka's queue at once, when that many
 /// are ready: enough to hint memory a few records ahead of applying them.
@@ -102,6 +104,8 @@ pub struct LoopParts {
     pub lost: Arc<Mutex<LostPartitions>>,
     /// Writer schemas fetched by any of the instance's request loops.
     pub schemas: super::registry::FetchedSchemas,
+    /// The instance's request loops on their way out (see [`Leaving`]).
+    pub leaving: Arc<Leaving>,
 }
 
 struct LoopState {
@@ -119,6 +123,9 @@ struct LoopState {
     stop: tokio_util::sync::CancellationToken,
     /// Which request loop of the instance this is.
     lane: usize,
+    /// How many the instance runs, and their way out together.
+    lanes: usize,
+    leaving: Arc<Leaving>,
     /// DECODE_ERROR_SPIKE over every record this instance reads.
     dead_letters: Arc<Mutex<crate::alert::DeadLetterRule>>,
     lost: Arc<Mutex<LostPartitions>>,
@@ -137,15 +144,19 @@ impl RequestLoop {
     pub fn per_lane(lanes: usize, parts: LoopParts) -> anyhow::Result<Vec<RequestLoop>> {
         (0..lanes)
             .map(|lane| {
-                RequestLoop::new(LoopParts {
-                    lane,
-                    ..parts.clone()
-                })
+                RequestLoop::new(
+                    LoopParts {
+                        lane,
+                        ..parts.clone()
+                    },
+                    lanes,
+                )
             })
             .collect()
     }
 
-    pub fn new(parts: LoopParts) -> anyhow::Result<RequestLoop> {
+    /// Request loop `parts.lane` of the instance's `lanes`.
+    pub fn new(parts: LoopParts, lanes: usize) -> anyhow::Result<RequestLoop> {
         let cfg = parts.cfg_rx.borrow().clone();
         let k = &parts.runtime.kafka;
         let shared = Arc::new(Mutex::new(Shared::default()));
@@ -191,6 +202,8 @@ impl RequestLoop {
                 instance: parts.instance,
                 stop: parts.stop,
                 lane: parts.lane,
+                lanes,
+                leaving: parts.leaving,
                 dead_letters: parts.dead_letters,
                 lost: parts.lost,
                 emitter,
@@ -264,6 +277,17 @@ fn lane_client_id(instance: &str, lane: usize) -> String {
 
 impl LoopState {
     fn run(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
+        match self.serve(consumer) {
+            Ok(()) => self.leave(consumer),
+            Err(e) => {
+                self.leaving.failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Polls, handles and commits until `stop` is set.
+    fn serve(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
         // Every line this loop logs names it (`requests{lane=1}`).
         let _span = tracing::info_span!("requests", lane = self.lane).entered();
         let decoder = Decoder::new(WireFormat::Auto);
@@ -297,7 +321,6 @@ impl LoopState {
                 self.commit(consumer)?;
             }
         }
-        self.commit(consumer)?;
         Ok(())
     }
 
