@@ -2338,3 +2338,44 @@ fn a_channel_split_over_two_partitions_is_named_in_an_alert_and_a_metric() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM while no broker is reachable: the instance stops at once rather
+/// than when the broker is back. Its last commit is synchronous, and the
+/// loops wait for each other before leaving the group; with the coordinator
+/// gone the commit fails at once (0.2–0.3 s from SIGTERM to exit here). The
+/// 25 s bound only catches a hang.
+#[test]
+fn a_stop_while_the_broker_is_away_does_not_wait_for_it() {
+    let _serial = serial();
+    let mut kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let mut hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
+    let t0 = Instant::now();
+    while assigned(&hermes).len() < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "never held all three partitions\n{}",
+            hermes.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut gw = Gateway::start(&kafka.bootstrap(), 20);
+    std::thread::sleep(Duration::from_secs(5));
+    gw.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    kafka.stop();
+    // Longer than two statistics reports: the instance knows the broker is
+    // gone.
+    std::thread::sleep(Duration::from_secs(4));
+    let t = Instant::now();
+    hermes.terminate();
+    let took = t.elapsed();
+    eprintln!("stopped {took:?} after SIGTERM with the broker away");
+    assert!(
+        took < Duration::from_secs(25),
+        "the stop waited {took:?} for the broker\n{}",
+        hermes.log_tail()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
