@@ -873,6 +873,22 @@ fn committed_and_end_offsets(brokers: &str, group: &str) -> (Vec<i64>, Vec<i64>)
     (committed, ends)
 }
 
+/// Waits until `h` (all its request loops together) holds the three
+/// request partitions.
+fn wait_assigned_all(h: &Hermes, limit: Duration) {
+    let t0 = Instant::now();
+    while assigned(h).len() < 3 {
+        assert!(
+            t0.elapsed() < limit,
+            "{} never held all three partitions: {:?}\n{}",
+            h.log.display(),
+            assigned(h),
+            h.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Two instances, `a` started first (so it leads the group: tansu strands
 /// the partitions of a SIGKILLed leader) and `b`, once they have split the
 /// three partitions between them; with each one's partitions.
@@ -884,14 +900,7 @@ fn split_pair(
 ) -> (Hermes, Hermes, Vec<i32>, Vec<i32>) {
     let a = start_hermes(kafka, redis, dir, "a", cooldown_ms);
     let t0 = Instant::now();
-    while assigned(&a).len() < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "a never got the partitions:\n{}",
-            a.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_assigned_all(&a, Duration::from_secs(60));
     let b = start_hermes(kafka, redis, dir, "b", cooldown_ms);
     loop {
         let (x, y) = (assigned(&a), assigned(&b));
@@ -2219,16 +2228,7 @@ fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
     let cfg = config(&kafka.bootstrap(), &redis.url(), port, 5000)
         .replace("[service]\n", "[service]\nrequest_threads = 2\n");
     let mut hermes = Hermes::start(&dir, "threads", &cfg, port);
-    let t0 = Instant::now();
-    while assigned(&hermes).len() < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "the two loops never held all three partitions: {:?}\n{}",
-            assigned(&hermes),
-            hermes.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_assigned_all(&hermes, Duration::from_secs(90));
     let log = SnapshotLog::start(&redis.url());
     let mut gw = Gateway::start(&kafka.bootstrap(), 40);
     wait_for(
@@ -2351,15 +2351,7 @@ fn a_stop_while_the_broker_is_away_does_not_wait_for_it() {
     let redis = RedisServer::start();
     let dir = dir();
     let mut hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
-    let t0 = Instant::now();
-    while assigned(&hermes).len() < 3 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "never held all three partitions\n{}",
-            hermes.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_assigned_all(&hermes, Duration::from_secs(90));
     let mut gw = Gateway::start(&kafka.bootstrap(), 20);
     std::thread::sleep(Duration::from_secs(5));
     gw.stop();
