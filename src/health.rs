@@ -47,6 +47,12 @@ pub struct ChannelHealth {
     /// down seconds ago reads as failing everything.
     #[serde(default)]
     pub failure_rate: Option<f64>,
+    /// Consecutive hard failures up to the channel's last attempt (0: it
+    /// answered). With `failure_rate`, panic mode tells a channel still
+    /// failing nearly everything from one whose common cause just ended
+    /// while its windows still remember the failures.
+    #[serde(default)]
+    pub failure_streak: u32,
     pub quota_remaining: Option<i64>,
     pub quota_exhausted_in_ms: Option<i64>,
     /// The channel's group is in a correlated failure (docs/decisions.md#safety-rails panic mode,
@@ -82,6 +88,7 @@ impl ChannelHealth {
             p99_ms: Some(900.0),
             error_rate: Some(0.0),
             failure_rate: Some(0.0),
+            failure_streak: 0,
             quota_remaining: None,
             quota_exhausted_in_ms: None,
             correlated: false,

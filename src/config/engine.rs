@@ -96,9 +96,19 @@ pub struct EngineConfig {
     /// minute before it. Decisions that use the median (an intermittence
     /// verdict) read it when they need it, whatever this says.
     pub latency_median_interval_ms: i64,
-    /// A channel with no events for this long while its partition advances is
-    /// reported silent. Incident 004 wants gaps noticed within a minute.
+    /// A channel with no events for this long while it has weight is
+    /// reported silent, when its own traffic would have brought
+    /// `silent_min_events` in that time. Incident 004 wants gaps noticed
+    /// within a minute. Time without weight (DRAINED, or before weight was
+    /// given back) is never silence: Hermes sent nothing there.
     pub silent_after_ms: i64,
+    /// A silence is reported only when the channel's traffic since its
+    /// weight last fell or came back (the events of its long view over the
+    /// time they span) would have brought at least this many events in the
+    /// gap, and that traffic counted this many. A gap of a Poisson stream
+    /// expected to hold 10 events happens about once in 22 000 (e^-10), so
+    /// a sparse channel's ordinary gaps do not page.
+    pub silent_min_events: u32,
     /// Quota forecasts look this far ahead (also the scheduler's horizon).
     pub quota_horizon_ms: i64,
     /// An event claiming more input or output tokens than this is refused
@@ -150,6 +160,7 @@ impl Default for EngineConfig {
             quantile_min_tail: 5,
             latency_median_interval_ms: 60_000,
             silent_after_ms: 60_000,
+            silent_min_events: 10,
             quota_horizon_ms: 3_600_000,
         }
     }
@@ -219,6 +230,9 @@ impl EngineConfig {
         }
         if self.clock_jump_events == 0 {
             v.push("engine.clock_jump_events", "must be at least 1");
+        }
+        if self.silent_min_events == 0 {
+            v.push("engine.silent_min_events", "must be at least 1");
         }
         if self.max_tokens_per_attempt == 0 {
             v.push("engine.max_tokens_per_attempt", "must be at least 1");

@@ -76,6 +76,7 @@ impl ChannelRuntime {
             next_median_ms: i64::MIN,
             frozen_until_ms: None,
             quota: QuotaUse::default(),
+            weight_since_ms: None,
             touched: false,
         };
         rt.configure(c, group_idx);

@@ -265,7 +265,6 @@ impl Engine {
     /// silence. (Oscillation is raised by the relapse itself, in
     /// `emit_changes`, never from a timer.)
     pub(super) fn channel_alarms(&mut self, idx: usize, now: i64, out: &mut Vec<AlertEvent>) {
-        let silent_after = self.cfg.engine.silent_after_ms;
         let first_event = self.first_event_ms.unwrap_or(now);
         let ch = &self.channels[idx];
         let policy = &ch.cfg.policy;
@@ -279,23 +278,60 @@ impl Engine {
         self.rules.observe_channel(who.index, now, calm);
         let sc = ch.score.unwrap_or_default();
         self.rules.on_evaluation(&who, now, &ch.signals, &sc, out);
-        let quiet_since = ch.last_event_ms.unwrap_or(first_event);
-        if now - quiet_since > silent_after && ch.machine.weight(&policy.states) > 0.0 {
+        if let Some(silent_ms) = self.silence(idx, now, first_event) {
+            let ch = &self.channels[idx];
+            let who = Subject {
+                group: &ch.cfg.group,
+                channel: &ch.cfg.id,
+                index: idx as ChannelIdx,
+            };
             self.rules.alarm(
                 &who,
                 AlertKind::SilentChannel,
                 Severity::P2,
                 now,
-                format!("silent_ms={}", now - quiet_since),
+                format!("silent_ms={silent_ms}"),
                 format!(
                     "channel {}: no events for {} s while it has weight",
                     ch.cfg.id,
-                    (now - quiet_since) / 1000
+                    silent_ms / 1000
                 ),
                 None,
                 out,
             );
         }
+    }
+
+    /// How long a channel has been silent at `now`, when that is news
+    /// (docs/decisions.md#alerts-and-pages: nobody is paged for what Hermes
+    /// did itself). Silence counts from the later of its last event and
+    /// the moment its weight last came back or fell, so time spent drained
+    /// and the instant weight is given back are never silence; and it is
+    /// reported only when the channel's own traffic since that moment
+    /// (`engine.silent_min_events` events at least) would have brought
+    /// that many events in the gap.
+    pub(super) fn silence(&self, idx: usize, now: i64, first_event: i64) -> Option<i64> {
+        let e = &self.cfg.engine;
+        let ch = &self.channels[idx];
+        if ch.machine.weight(&ch.cfg.policy.states) <= 0.0 {
+            return None;
+        }
+        let last_event = ch.last_event_ms?;
+        let weighted_from = ch.weight_since_ms.unwrap_or(i64::MIN).max(first_event);
+        let quiet_since = last_event.max(weighted_from);
+        let silent_ms = now - quiet_since;
+        if silent_ms <= e.silent_after_ms {
+            return None;
+        }
+        // The traffic the channel had with its weight as it is: the events
+        // of the long view since then, over the time they span.
+        let from = weighted_from.max(now - e.long_window_ms);
+        let view = ch.ring.counters(now, e.long_window_ms, from);
+        let events = view.real.requests + view.probe.requests;
+        let span_ms = (last_event - from).max(e.slice_ms);
+        let expected = events as f64 * silent_ms as f64 / span_ms as f64;
+        let min = e.silent_min_events;
+        (events >= min && expected >= min as f64).then_some(silent_ms)
     }
 
     /// Turns machine changes into alerts and applies their side effects.
@@ -308,6 +344,9 @@ impl Engine {
         let window = self.cfg.engine.outcome_window;
         let ch = &mut self.channels[idx as usize];
         for c in changes {
+            if c.weight_after < c.weight_before || c.weight_before <= 0.0 && c.weight_after > 0.0 {
+                ch.weight_since_ms = Some(c.at_ms);
+            }
             if c.to == StateKind::Observing && c.from != StateKind::Observing {
                 // Fresh evidence for the probation: the incident's failures
                 // have been acted on and must not block recovery (incident 002).

@@ -190,6 +190,11 @@ struct ChannelRuntime {
     /// The configured quota's use in the current period, for gateways that
     /// do not report `quota_remaining`.
     quota: QuotaUse,
+    /// When the channel's weight last came back from 0 or fell: its
+    /// traffic before then says nothing of what it gets now (the silence
+    /// rule, `Engine::channel_alarms`). `None`: unchanged since the engine
+    /// started.
+    weight_since_ms: Option<i64>,
 }
 
 /// Attempts counted against a channel's configured `quota` per period
@@ -389,6 +394,12 @@ impl Engine {
             return false;
         };
         let ch = &mut self.channels[idx as usize];
+        // A channel restored below full weight: the replayed traffic may be
+        // from before its weight fell (the silence rule reads only what came
+        // after).
+        if machine.weight(&ch.cfg.policy.states) < 1.0 {
+            ch.weight_since_ms = Some(saved_at_ms);
+        }
         ch.machine = machine;
         ch.frozen_until_ms = Some(saved_at_ms);
         true
@@ -547,6 +558,7 @@ impl Engine {
                 .iter()
                 .filter_map(|k| ch.signals.get(*k).map(|m| m.value))
                 .reduce(f64::max),
+            failure_streak: ch.streak.count,
             quota_remaining: ch.signals.quota_remaining,
             quota_exhausted_in_ms: ch.signals.quota_exhausted_in_ms,
             correlated: self.safety[ch.group_idx].in_panic(),

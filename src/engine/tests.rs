@@ -599,15 +599,114 @@ fn a_partition_engine_leaves_other_partitions_channels_alone() {
             e.apply(&ev("paid-a", t), &mut out).unwrap();
             t += 100;
         }
-        out.iter()
+        let free_a = e.channel_index("free-a").unwrap();
+        let evaluated = e.channels[free_a as usize].score.is_some()
+            || e.stats().evaluations > (3 * silent / e.cfg.engine.evaluation_interval_ms) as u64;
+        let silent = out
+            .iter()
             .filter(|a| a.kind == AlertKind::SilentChannel)
-            .map(|a| a.channel_id.clone().unwrap_or_default())
-            .collect::<Vec<_>>()
+            .count();
+        (evaluated, silent)
     };
-    // Owning every channel: free-a never sent anything, that is news.
-    assert!(run(Engine::new(cfg.clone())).contains(&"free-a".to_string()));
-    // One partition of many: free-a lives elsewhere.
-    assert!(run(Engine::for_partition(cfg)).is_empty());
+    // Owning every channel: free-a is evaluated; it never had traffic, so
+    // nothing was missed and nothing is silent.
+    assert_eq!(run(Engine::new(cfg.clone())), (true, 0));
+    // One partition of many: free-a lives elsewhere and is not evaluated.
+    assert_eq!(run(Engine::for_partition(cfg)), (false, 0));
+}
+
+/// SILENT_CHANNEL alarms of free-a in `out`.
+fn silences(out: &[AlertEvent]) -> Vec<i64> {
+    out.iter()
+        .filter(|a| a.kind == AlertKind::SilentChannel)
+        .map(|a| a.event_time_ms)
+        .collect()
+}
+
+/// Feeds paid-a at 10 rps over [from, to), and free-a at `free_rps` while
+/// `free_sends` (the gateways route to it).
+fn traffic(
+    e: &mut Engine,
+    from: i64,
+    to: i64,
+    free_rps: f64,
+    free_sends: impl Fn(&Engine) -> bool,
+    out: &mut Vec<AlertEvent>,
+) {
+    let free_every = (1000.0 / free_rps) as i64;
+    let mut next_free = from;
+    let mut t = from;
+    while t < to {
+        e.apply(&ev("paid-a", t), out).unwrap();
+        if t >= next_free {
+            next_free += free_every;
+            if free_sends(e) {
+                e.apply(&ev("free-a", t), out).unwrap();
+            }
+        }
+        t += 100;
+    }
+}
+
+#[test]
+fn a_drain_its_cool_down_and_the_re_admission_are_not_silence() {
+    // docs/decisions.md#alerts-and-pages: nobody is paged for what Hermes
+    // did itself. free-a is drained, gets nothing through its cool-down,
+    // and gets traffic again when its weight comes back.
+    let mut e = engine();
+    let mut out = Vec::new();
+    let free_a = e.channel_index("free-a").unwrap();
+    let weighted = move |e: &Engine| {
+        e.machine(free_a)
+            .weight(&e.cfg.groups[0].channels[0].policy.states)
+            > 0.0
+    };
+    traffic(&mut e, T0, T0 + 120_000, 5.0, weighted, &mut out);
+    for i in 0..4 {
+        let mut x = ev("free-a", T0 + 120_000 + i);
+        x.error_class = ErrorClass::ConnectionReset;
+        e.apply(&x, &mut out).unwrap();
+    }
+    assert_eq!(e.machine(free_a).kind(), StateKind::Drained);
+    // Through the cool-down and a while past the re-admission: the
+    // gateways send to free-a whenever it has weight.
+    traffic(&mut e, T0 + 120_010, T0 + 600_000, 5.0, weighted, &mut out);
+    assert!(
+        out.iter()
+            .any(|a| a.to_state.as_deref() == Some("OBSERVING")),
+        "re-admitted"
+    );
+    assert_eq!(silences(&out), Vec::<i64>::new());
+}
+
+#[test]
+fn a_gateway_that_stops_sending_to_a_weighted_channel_is_silence_once() {
+    let mut e = engine();
+    let mut out = Vec::new();
+    traffic(&mut e, T0, T0 + 180_000, 2.0, |_| true, &mut out);
+    traffic(&mut e, T0 + 180_000, T0 + 420_000, 2.0, |_| false, &mut out);
+    let silent = silences(&out);
+    assert_eq!(silent.len(), 1, "{silent:?}");
+    let after = silent[0] - (T0 + 180_000);
+    let limit = e.cfg.engine.silent_after_ms + e.cfg.engine.evaluation_interval_ms;
+    assert!(after <= limit, "noticed {after} ms into the gap");
+}
+
+#[test]
+fn a_sparse_channels_ordinary_gaps_are_not_silence() {
+    // 0.1 rps: an 80 s gap held 8 expected events, an ordinary gap for
+    // a Poisson stream that sparse; 100 s (10 expected) is news.
+    let mut e = engine();
+    let mut out = Vec::new();
+    traffic(&mut e, T0, T0 + 300_000, 0.1, |_| true, &mut out);
+    traffic(&mut e, T0 + 300_000, T0 + 380_000, 0.1, |_| false, &mut out);
+    traffic(&mut e, T0 + 380_000, T0 + 700_000, 0.1, |_| true, &mut out);
+    assert_eq!(silences(&out), Vec::<i64>::new());
+    traffic(&mut e, T0 + 700_000, T0 + 900_000, 0.1, |_| false, &mut out);
+    let silent = silences(&out);
+    assert_eq!(silent.len(), 1, "{silent:?}");
+    let gap = silent[0] - (T0 + 690_000);
+    assert!((100_000..=110_000).contains(&gap), "{gap}");
 }
 
 #[test]
