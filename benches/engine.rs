@@ -167,6 +167,8 @@ fn bench_schedule(c: &mut Criterion) {
             quota_exhausted_in_ms: None,
             tokens_per_request: Some(900.0),
             failure_rate: Some([0.0, 0.01, 0.05, 0.02, 0.3][i % 5]),
+            failure_streak: 0,
+            half_open_share: 0.05,
         })
         .collect();
     let input = GroupInput {
@@ -177,7 +179,7 @@ fn bench_schedule(c: &mut Criterion) {
         budget_per_hour: Some(2_000_000.0),
         horizon_ms: 3_600_000,
         warm: true,
-        correlated: false,
+        panic_since_ms: None,
         spend_calibration: 1.0,
     };
     let classes = ClassPolicies::default();

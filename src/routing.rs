@@ -146,6 +146,7 @@ impl RoutingTable {
             computed_at_ms: 0,
             heartbeat_ms: 0,
             manual: false,
+            panic_since_ms: None,
             projected_spend_per_hour: 0.0,
             classes,
             channels: BTreeMap::new(),

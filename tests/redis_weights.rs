@@ -44,6 +44,7 @@ fn snapshot(epoch: u64, version: u64, free_weight: f64) -> WeightSnapshot {
             .unwrap()
             .as_millis() as i64,
         manual: false,
+        panic_since_ms: None,
         projected_spend_per_hour: 0.0,
         classes,
         channels: [

@@ -87,6 +87,20 @@ pub struct ScheduleConfig {
     /// then count as unknown): no regression to default weights after a
     /// restart or a takeover.
     pub group_warmup_ms: i64,
+    /// A channel on probation (OBSERVING) gets `states.half_open_share` of
+    /// its group's traffic, but never less than this many requests per
+    /// second (within its normal share): recovery must fit the traffic
+    /// (docs/decisions.md#safety-rails). 5 % of a quiet group's 0.7 rps is
+    /// one attempt every 30 s, and a probation would wait half an hour
+    /// for the 20 attempts it needs; at 0.2 rps it has them in 100 s.
+    pub half_open_min_rps: f64,
+    /// docs/decisions.md#safety-rails, "every class keeps a way out": while
+    /// a class has demand and a healthy channel has room, at least this
+    /// share of the class is planned on healthy channels, so a retry has
+    /// somewhere to go (gateways that avoid the channel that just failed
+    /// need only a weight above 0; those that pick again at random need a
+    /// share).
+    pub retry_path_share: f64,
 }
 
 impl Default for ScheduleConfig {
@@ -99,6 +113,8 @@ impl Default for ScheduleConfig {
             overflow_max_failure_rate: 0.9,
             budget_margin: 0.03,
             group_warmup_ms: 60_000,
+            half_open_min_rps: 0.2,
+            retry_path_share: 0.1,
         }
     }
 }
@@ -193,6 +209,12 @@ pub(super) fn validate_schedule(s: &ScheduleConfig, v: &mut Issues) {
     }
     v.positive_ms("schedule.demand_window_ms".into(), s.demand_window_ms);
     v.positive_ms("schedule.group_warmup_ms".into(), s.group_warmup_ms);
+    if !(s.half_open_min_rps >= 0.0 && s.half_open_min_rps.is_finite()) {
+        v.push("schedule.half_open_min_rps", "must be a finite number >= 0");
+    }
+    if !(0.0..=1.0).contains(&s.retry_path_share) {
+        v.push("schedule.retry_path_share", "must be within [0, 1]");
+    }
     if !(0.0..0.5).contains(&s.min_weight) {
         v.push("schedule.min_weight", "must be within [0, 0.5)");
     }

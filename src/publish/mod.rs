@@ -62,6 +62,10 @@ pub struct WeightSnapshot {
     pub heartbeat_ms: i64,
     /// The group is in manual mode (weights frozen by an operator).
     pub manual: bool,
+    /// The group is in panic mode (a correlated failure: health does not
+    /// route, docs/decisions.md#safety-rails) since this event time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub panic_since_ms: Option<i64>,
     pub projected_spend_per_hour: f64,
     /// Class name (`INTERACTIVE`, ...) → routing.
     pub classes: BTreeMap<String, ClassWeights>,
@@ -79,6 +83,7 @@ impl WeightSnapshot {
             computed_at_ms: plan.computed_at_ms,
             heartbeat_ms,
             manual: plan.manual,
+            panic_since_ms: plan.panic_since_ms,
             projected_spend_per_hour: plan.projected_spend_per_hour,
             classes: plan
                 .classes
@@ -284,6 +289,7 @@ mod tests {
             computed_at_ms: 0,
             heartbeat_ms,
             manual: false,
+            panic_since_ms: None,
             projected_spend_per_hour: 0.0,
             classes: BTreeMap::new(),
             channels: BTreeMap::new(),
@@ -331,6 +337,8 @@ mod tests {
             quota_exhausted_in_ms: None,
             tokens_per_request: None,
             failure_rate: None,
+            failure_streak: 0,
+            half_open_share: 0.05,
         };
         let input = GroupInput {
             group: "chat".into(),
@@ -340,7 +348,7 @@ mod tests {
             budget_per_hour: None,
             horizon_ms: 3_600_000,
             warm: true,
-            correlated: false,
+            panic_since_ms: None,
             spend_calibration: 1.0,
         };
         plan(&input, &cfg.classes, &cfg.schedule, None, false)

@@ -4,12 +4,19 @@
 
 use super::*;
 
-/// Step 3: degraded channels carry their allowance (health weight ×
-/// nominal load), lowest-priority tolerant classes first. Returns the
-/// healthy channels' room and every channel's reason so far.
+/// Step 3: degraded channels carry their allowance. A channel on
+/// probation carries each class's fair part of its share, so no class lands
+/// wholly on a channel that is still proving itself (docs/decisions.md#safety-rails:
+/// every class keeps a way out): OBSERVING the half-open share of each
+/// class's demand (at least `schedule.half_open_min_rps` in all, within
+/// its nominal load), RECOVERING its current step of each class's nominal
+/// load. AT_RISK and pinned channels carry `health weight × nominal load`,
+/// lowest-priority tolerant classes first (interactive traffic leaves an
+/// AT_RISK channel first). Returns the healthy channels' room and every
+/// channel's reason so far.
 pub(super) fn degraded_allowances(
     ctx: &Ctx<'_>,
-    nominal: &[f64],
+    nominal: &Rps,
     rps: &mut Rps,
     left: &mut [f64; 4],
 ) -> (Vec<f64>, Vec<ShareReason>) {
@@ -29,42 +36,152 @@ pub(super) fn degraded_allowances(
             StateKind::Recovering => ShareReason::Recovering,
         };
     }
-    let mut low_first = ctx.prio;
-    low_first.reverse();
     for j in 0..n {
         let c = ctx.ch[j];
         if (c.state == StateKind::Healthy && !c.pinned) || c.health_weight <= 0.0 {
             continue;
         }
-        // Probation channels need traffic to prove themselves: if no
-        // tolerant class has demand, any class may carry the small share.
-        let base = if c.state == StateKind::Observing && !c.pinned {
-            // Half-open: a share of the group's real traffic (incident 002: "5 %
-            // of real traffic"), enough to judge it, never above its nominal.
-            (c.health_weight * ctx.demand.iter().sum::<f64>())
-                .min(nominal[j].max(ctx.cap[j] * 0.01))
+        if ctx.is_probation(j) && !c.pinned {
+            probation_allowance(ctx, j, nominal, rps, left);
         } else {
-            c.health_weight.min(1.0) * nominal[j].max(ctx.cap[j] * 0.01)
-        };
-        let mut allowance = base.min(ctx.cap[j]);
-        let tolerant_first = low_first.iter().filter(|k| ctx.tolerant(**k));
-        let others = low_first
-            .iter()
-            .filter(|k| !ctx.tolerant(**k) && (c.pinned || ctx.is_probation(j)));
-        for class in tolerant_first.chain(others) {
-            if !ctx.score_ok(*class, j) && !ctx.is_probation(j) && !c.pinned {
-                continue;
-            }
-            let k = class.index();
-            let take = left[k].min(allowance);
-            if take > EPS {
-                rps[k][j] += take;
-                left[k] -= take;
-                allowance -= take;
-            }
+            let nominal_j: f64 = (0..4).map(|k| nominal[k][j]).sum();
+            let allowance = c.health_weight.min(1.0) * nominal_j.max(ctx.cap[j] * 0.01);
+            tolerant_allowance(ctx, j, allowance.min(ctx.cap[j]), rps, left);
         }
     }
     (room, reasons)
+}
+
+/// A probation channel's fair part of each class (see
+/// [`degraded_allowances`]).
+fn probation_allowance(ctx: &Ctx<'_>, j: usize, nominal: &Rps, rps: &mut Rps, left: &mut [f64; 4]) {
+    let c = ctx.ch[j];
+    let demand: f64 = ctx.demand.iter().sum();
+    let nominal_j: f64 = (0..4).map(|k| nominal[k][j]).sum();
+    let normal = nominal_j.max(ctx.cap[j] * 0.01);
+    // Each class's part of the channel's load: its part of the channel's
+    // nominal load, or of the group's demand when the channel has none.
+    let part = |k: usize| {
+        if nominal_j > EPS {
+            nominal[k][j] / nominal_j
+        } else {
+            ctx.demand[k] / demand
+        }
+    };
+    if c.state == StateKind::Observing {
+        // Half-open: a share of the group's real traffic (incident 002: "5 %
+        // of real traffic"), at least the floor a probation needs to see
+        // its evidence in minutes, never above its nominal load. Each class
+        // gives the same share of its demand.
+        // In panic mode a channel failing nearly everything is probed at
+        // its half-open share of its own nominal load: enough to see the
+        // common cause end, little to fail meanwhile.
+        let half_open = c.health_weight * if ctx.panic { nominal_j } else { demand };
+        let total = half_open
+            .max(ctx.half_open_min_rps)
+            .min(normal)
+            .min(ctx.cap[j]);
+        for k in 0..4 {
+            take(rps, left, k, j, total * ctx.demand[k] / demand);
+        }
+    } else {
+        // RECOVERING: its current step of each class's nominal load.
+        let total = (c.health_weight.min(1.0) * normal).min(ctx.cap[j]);
+        for k in 0..4 {
+            take(rps, left, k, j, total * part(k));
+        }
+    }
+}
+
+/// Puts up to `want` of class `k`'s unplanned demand on channel `j`.
+fn take(rps: &mut Rps, left: &mut [f64; 4], k: usize, j: usize, want: f64) {
+    let t = left[k].min(want);
+    if t > EPS {
+        rps[k][j] += t;
+        left[k] -= t;
+    }
+}
+
+/// An AT_RISK or pinned channel's allowance, lowest-priority tolerant
+/// classes first; a pinned channel takes the others' too.
+fn tolerant_allowance(
+    ctx: &Ctx<'_>,
+    j: usize,
+    mut allowance: f64,
+    rps: &mut Rps,
+    left: &mut [f64; 4],
+) {
+    let c = ctx.ch[j];
+    let mut low_first = ctx.prio;
+    low_first.reverse();
+    let tolerant_first = low_first.iter().filter(|k| ctx.tolerant(**k));
+    let others = low_first.iter().filter(|k| !ctx.tolerant(**k) && c.pinned);
+    for class in tolerant_first.chain(others) {
+        if !ctx.score_ok(*class, j) && !c.pinned {
+            continue;
+        }
+        let k = class.index();
+        let t = left[k].min(allowance);
+        if t > EPS {
+            rps[k][j] += t;
+            left[k] -= t;
+            allowance -= t;
+        }
+    }
+}
+
+/// docs/decisions.md#safety-rails, "every class keeps a way out": a class
+/// with demand that healthy channels carry less than
+/// `schedule.retry_path_share` of, while one of them has room, moves that
+/// much off the unhealthy channels it sits on (each in proportion) onto the
+/// cheapest healthy room. A retry then has somewhere to go.
+pub(super) fn keep_retry_paths(ctx: &Ctx<'_>, rps: &mut Rps, room: &mut [f64]) {
+    let n = ctx.ch.len();
+    let healthy = |class: TrafficClass, j: usize| {
+        let c = ctx.ch[j];
+        c.state == StateKind::Healthy
+            && !c.pinned
+            && c.health_weight > 0.0
+            && ctx.score_ok(class, j)
+    };
+    for class in ctx.prio {
+        let k = class.index();
+        if ctx.demand[k] <= PHANTOM_RPS * 2.0 {
+            continue;
+        }
+        let on_healthy: f64 = (0..n)
+            .filter(|&j| healthy(class, j))
+            .map(|j| rps[k][j])
+            .sum();
+        let movable: f64 = (0..n)
+            .filter(|&j| !healthy(class, j) && !ctx.ch[j].pinned)
+            .map(|j| rps[k][j])
+            .sum();
+        let free: f64 = (0..n).filter(|&j| healthy(class, j)).map(|j| room[j]).sum();
+        let need = (ctx.retry_path_share * ctx.demand[k] - on_healthy)
+            .min(movable)
+            .min(free);
+        if need <= EPS {
+            continue;
+        }
+        let keep = 1.0 - need / movable;
+        for j in (0..n).filter(|&j| !healthy(class, j) && !ctx.ch[j].pinned) {
+            rps[k][j] *= keep;
+        }
+        let mut moving = need;
+        for &j in &ctx.order_cost {
+            if moving <= EPS {
+                break;
+            }
+            if !healthy(class, j) {
+                continue;
+            }
+            let t = moving.min(room[j]);
+            rps[k][j] += t;
+            room[j] -= t;
+            moving -= t;
+        }
+    }
 }
 
 /// Step 4: healthy capacity in priority order (trust caps, then room), then
@@ -290,6 +407,7 @@ pub(super) fn smooth(
 pub(super) fn build_plan(
     input: &GroupInput,
     ctx: &Ctx<'_>,
+    shown: &[&ChannelInput],
     (fractions, reasons): (Fractions, Vec<ShareReason>),
     previous: Option<&Plan>,
     manual: bool,
@@ -327,12 +445,16 @@ pub(super) fn build_plan(
     let channels: Vec<ChannelPlan> = (0..n)
         .map(|j| ChannelPlan {
             id: ctx.ch[j].id.clone(),
-            state: ctx.ch[j].state,
-            score: ctx.ch[j].score,
-            signals: ctx.ch[j].signals.clone(),
+            state: shown[j].state,
+            score: shown[j].score,
+            signals: shown[j].signals.clone(),
             planned_rps: planned[j],
             cap_rps: ctx.cap[j],
-            reason: reasons[j],
+            reason: match reasons[j] {
+                _ if input.panic_since_ms.is_none() || shown[j].pinned => reasons[j],
+                _ if ctx.ch[j].state == StateKind::Observing => ShareReason::FailingInPanic,
+                _ => ShareReason::Panic,
+            },
         })
         .collect();
     let projected = (0..n).map(|j| spend_per_hour(ctx.ch[j], planned[j])).sum();
@@ -345,10 +467,11 @@ pub(super) fn build_plan(
         projected_spend_per_hour: projected,
         budget_per_hour: input.budget_per_hour,
         manual,
+        panic_since_ms: input.panic_since_ms,
     };
     if let Some(prev) = previous {
         // Leaving manual mode is news too, even with the same routing.
-        plan.version = if plan.same_routing(prev) && prev.manual == plan.manual {
+        plan.version = if plan.same_published(prev) {
             prev.version
         } else {
             prev.version + 1

@@ -74,6 +74,12 @@ pub struct ChannelInput {
     pub tokens_per_request: Option<f64>,
     /// Share of hard failures and bad answers, if measured.
     pub failure_rate: Option<f64>,
+    /// Consecutive hard failures up to its last attempt (0: it answered).
+    pub failure_streak: u32,
+    /// The channel's half-open share (`states.half_open_share`): what a
+    /// probation, and a channel failing nearly everything in panic mode,
+    /// is planned at.
+    pub half_open_share: f64,
 }
 
 /// One group's scheduling input.
@@ -90,9 +96,12 @@ pub struct GroupInput {
     pub horizon_ms: i64,
     /// False until the engine has seen a window of data.
     pub warm: bool,
-    /// The group is in a correlated failure (docs/decisions.md#safety-rails panic mode): every
-    /// unpinned channel is planned as healthy, as static routing would.
-    pub correlated: bool,
+    /// The group is in a correlated failure (docs/decisions.md#safety-rails panic mode) since
+    /// this event time: every unpinned channel is planned as healthy, as
+    /// static routing would, except one failing nearly everything
+    /// (`schedule.overflow_max_failure_rate`), which gets only its half-open
+    /// share: the probe that sees the common cause end.
+    pub panic_since_ms: Option<i64>,
     /// Measured spend over projected spend (1 when unknown): the budget is
     /// planned at `budget × (1 − schedule.budget_margin) / spend_calibration`,
     /// so a projection that runs low (token counts, retries, probes) does
@@ -120,6 +129,14 @@ pub enum ShareReason {
     Recovering,
     /// Operator pin.
     Pinned,
+    /// Panic mode (docs/decisions.md#safety-rails): planned like static
+    /// routing whatever its health, because the group fails as a whole
+    /// and draining cannot help.
+    Panic,
+    /// Panic mode, but the channel fails nearly everything it gets
+    /// (`schedule.overflow_max_failure_rate`): only its half-open share,
+    /// to see the common cause end.
+    FailingInPanic,
     /// Planned down before its quota runs out.
     QuotaCap,
     /// Moved off to keep spend within budget.
@@ -138,6 +155,8 @@ impl ShareReason {
             ShareReason::Observing => "observing",
             ShareReason::Recovering => "recovering",
             ShareReason::Pinned => "pinned",
+            ShareReason::Panic => "panic",
+            ShareReason::FailingInPanic => "failing_in_panic",
             ShareReason::QuotaCap => "quota_cap",
             ShareReason::BudgetCap => "budget_cap",
         }
@@ -183,6 +202,9 @@ pub struct Plan {
     pub budget_per_hour: Option<f64>,
     /// True while the group is in manual mode (weights frozen by an operator).
     pub manual: bool,
+    /// The group is in panic mode (a correlated failure) since this event
+    /// time: health does not route (docs/decisions.md#safety-rails).
+    pub panic_since_ms: Option<i64>,
 }
 
 impl Plan {
@@ -197,6 +219,51 @@ impl Plan {
             .find(|(id, _)| id == channel)
             .map_or(0.0, |(_, w)| *w)
     }
+    /// What gateways and operators read of a plan is the same: the routing,
+    /// every channel's state, and the group's mode. A plan that differs in
+    /// any of them is a new version, so a state moves with the weight it
+    /// explains (a drain of a channel whose weight the scheduler had
+    /// already taken is still news).
+    pub fn same_published(&self, other: &Plan) -> bool {
+        self.same_routing(other)
+            && self.manual == other.manual
+            && self.panic_since_ms.is_some() == other.panic_since_ms.is_some()
+            && self.channels.len() == other.channels.len()
+            && self
+                .channels
+                .iter()
+                .zip(&other.channels)
+                .all(|(a, b)| a.id == b.id && a.state == b.state)
+    }
+
+    /// The classes with demand that no HEALTHY channel carries while one
+    /// has room (docs/decisions.md#safety-rails: every class keeps a way
+    /// out): a retry of theirs has nowhere healthy to go.
+    pub fn classes_without_retry_path(&self) -> Vec<TrafficClass> {
+        let healthy: Vec<usize> = (0..self.channels.len())
+            .filter(|&j| {
+                let c = &self.channels[j];
+                c.state == StateKind::Healthy && c.reason != ShareReason::Pinned
+            })
+            .collect();
+        let room = healthy
+            .iter()
+            .any(|&j| self.channels[j].planned_rps < self.channels[j].cap_rps - 1e-6);
+        if !room {
+            return Vec::new();
+        }
+        self.classes
+            .iter()
+            .filter(|c| c.demand_rps > 1e-6 && c.shed < 1.0 - 1e-9)
+            .filter(|c| {
+                healthy
+                    .iter()
+                    .all(|&j| c.weights.get(j).is_none_or(|(_, w)| *w <= 1e-9))
+            })
+            .map(|c| c.class)
+            .collect()
+    }
+
     /// Same weights and shed shares (within 1e-9).
     pub fn same_routing(&self, other: &Plan) -> bool {
         self.classes.len() == other.classes.len()
@@ -227,6 +294,11 @@ struct Ctx<'a> {
     classes: &'a ClassPolicies,
     prio: [TrafficClass; 4],
     overflow_max_failure_rate: f64,
+    half_open_min_rps: f64,
+    retry_path_share: f64,
+    /// Panic mode: an OBSERVING channel here is one failing nearly
+    /// everything (see `shares::in_panic`).
+    panic: bool,
 }
 
 impl Ctx<'_> {
@@ -254,10 +326,27 @@ pub fn plan(
     previous: Option<&Plan>,
     manual: bool,
 ) -> Plan {
-    // Panic mode: health does not route, only pins, capacity and price do.
+    // Panic mode: health does not route, only pins, capacity and price do;
+    // a channel failing nearly everything gets only a probe's share.
     let calm: Vec<ChannelInput>;
-    let channels = if input.correlated {
-        calm = input.channels.iter().map(as_if_healthy).collect();
+    let channels = if input.panic_since_ms.is_some() {
+        // Only while another channel serves nearly everything it gets (it
+        // fails at most `1 − overflow_max_failure_rate`) is there anything
+        // better to send to. Otherwise, when every channel fails at once
+        // (and the windows have not all caught up), they are all planned
+        // like static routing, and are back the moment the common cause
+        // ends.
+        let max = cfg.overflow_max_failure_rate;
+        let failing = |c: &ChannelInput| failing_in_panic(c, max);
+        let some_serve = input
+            .channels
+            .iter()
+            .any(|c| !c.pinned && c.failure_rate.is_none_or(|f| f <= 1.0 - max));
+        calm = input
+            .channels
+            .iter()
+            .map(|c| in_panic(c, some_serve && failing(c)))
+            .collect();
         &calm
     } else {
         &input.channels
@@ -279,21 +368,40 @@ pub fn plan(
         classes,
         prio: classes.in_priority_order(),
         overflow_max_failure_rate: cfg.overflow_max_failure_rate,
+        half_open_min_rps: cfg.half_open_min_rps,
+        retry_path_share: cfg.retry_path_share,
+        panic: input.panic_since_ms.is_some(),
     };
 
+    // As the channels are, for the plan's statuses (panic mode plans them
+    // otherwise, and says so in their reasons).
+    let mut shown: Vec<&ChannelInput> = input.channels.iter().collect();
+    shown.sort_by(|a, b| a.id.cmp(&b.id));
     let target = if manual {
         match previous {
             Some(p) => {
-                return Plan {
+                // The routing stays; the statuses are as they are now.
+                let mut frozen = Plan {
                     manual: true,
                     computed_at_ms: input.now_ms,
-                    // Entering manual mode is news for gateways and
-                    // operators (the snapshot's `manual`): a new version,
-                    // so it is published and announced, not only seen at
-                    // the next heartbeat. The routing itself stays.
-                    version: if p.manual { p.version } else { p.version + 1 },
+                    panic_since_ms: input.panic_since_ms,
                     ..p.clone()
                 };
+                if frozen.channels.len() == n {
+                    for (c, s) in frozen.channels.iter_mut().zip(&shown) {
+                        c.state = s.state;
+                        c.score = s.score;
+                        c.signals = s.signals.clone();
+                    }
+                }
+                // Entering manual mode is news for gateways and operators
+                // (the snapshot's `manual`), as is a state: a new version, so
+                // it is published and announced, not only seen at the next
+                // heartbeat. The routing itself stays.
+                if !frozen.same_published(p) {
+                    frozen.version = p.version + 1;
+                }
+                return frozen;
             }
             None => initial_fractions(&ctx),
         }
@@ -319,7 +427,7 @@ pub fn plan(
         _ => target,
     };
 
-    build_plan(input, &ctx, fractions, previous, manual)
+    build_plan(input, &ctx, &shown, fractions, previous, manual)
 }
 
 /// Requests per second per class (schema order) and channel.
@@ -340,6 +448,8 @@ pub struct Scheduler {
     safety: Vec<crate::safety::GroupSafety>,
     /// Per group: planned against measured spend.
     spend: Vec<SpendMeter>,
+    /// Per group: in panic mode since (event time), as this writer saw it.
+    panic_since: Vec<Option<i64>>,
 }
 
 /// Planned against measured spend of one group (`GroupInput::spend_calibration`).
@@ -403,6 +513,8 @@ impl ChannelInput {
             quota_exhausted_in_ms: h.and_then(|h| h.quota_exhausted_in_ms),
             tokens_per_request: h.and_then(|h| h.tokens_per_request),
             failure_rate: h.and_then(|h| h.failure_rate),
+            failure_streak: h.map_or(0, |h| h.failure_streak),
+            half_open_share: c.policy.states.half_open_share,
         }
     }
 }

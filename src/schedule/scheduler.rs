@@ -13,6 +13,7 @@ impl Scheduler {
             demand: vec![[0.0; 4]; n],
             safety: vec![crate::safety::GroupSafety::default(); n],
             spend: vec![SpendMeter::default(); n],
+            panic_since: vec![None; n],
         }
     }
 
@@ -55,6 +56,11 @@ impl Scheduler {
         warm: bool,
     ) -> (&Plan, bool) {
         let correlated = self.judge_correlation(gi, now_ms, health, warm);
+        let panic_since_ms = match (correlated, self.panic_since[gi]) {
+            (false, _) => None,
+            (true, since) => Some(since.unwrap_or(now_ms)),
+        };
+        self.panic_since[gi] = panic_since_ms;
         let g = &self.cfg.groups[gi];
         let prev = self.plans[gi].as_ref();
         let mut demand = [0.0; 4];
@@ -91,7 +97,7 @@ impl Scheduler {
             budget_per_hour: g.budget_per_hour,
             horizon_ms: self.cfg.engine.quota_horizon_ms,
             warm,
-            correlated,
+            panic_since_ms,
             spend_calibration,
         };
         let next = plan(

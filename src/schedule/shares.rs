@@ -88,10 +88,30 @@ pub(super) fn cheapest_first(ch: &[&ChannelInput]) -> Vec<usize> {
     order
 }
 
-/// A channel as panic mode plans it: healthy unless an operator pinned it.
-pub(super) fn as_if_healthy(c: &ChannelInput) -> ChannelInput {
+/// Whether panic mode sees `c` as failing nearly everything it gets: at
+/// least `max_failure_rate` of it (`schedule.overflow_max_failure_rate`),
+/// and its last attempt failed too. The rate is read over windows that
+/// remember the failures for a minute; the first answer after the common
+/// cause ends clears the streak, and the channel is planned again at once.
+pub(super) fn failing_in_panic(c: &ChannelInput, max_failure_rate: f64) -> bool {
+    !c.pinned && c.failure_streak > 0 && c.failure_rate.is_some_and(|f| f >= max_failure_rate)
+}
+
+/// A channel as panic mode plans it (docs/decisions.md#safety-rails):
+/// healthy, unless an operator pinned it or it is `failing` (nearly
+/// everything, while another channel still serves); then it is on
+/// probation at its half-open share, the probe that sees the common cause
+/// end.
+pub(super) fn in_panic(c: &ChannelInput, failing: bool) -> ChannelInput {
     if c.pinned {
         return c.clone();
+    }
+    if failing {
+        return ChannelInput {
+            state: StateKind::Observing,
+            health_weight: c.half_open_share,
+            ..c.clone()
+        };
     }
     ChannelInput {
         state: StateKind::Healthy,
@@ -155,6 +175,7 @@ pub(super) fn healthy_plan(
     // unhealthy channels rather than being shed (docs/decisions.md#safety-rails: health never
     // sheds what static routing would have served), highest priority first.
     overflow_to_least_bad(ctx, &mut rps, &mut left);
+    keep_retry_paths(ctx, &mut rps, &mut room);
     if let Some(budget) = budget {
         keep_to_budget(ctx, budget, &mut rps, &mut room, &mut reasons);
     }
@@ -164,8 +185,8 @@ pub(super) fn healthy_plan(
 }
 
 /// Step 2, nominal: every channel healthy, trust caps then capacity,
-/// cheapest first. Each channel's total load.
-pub(super) fn nominal_load(ctx: &Ctx<'_>) -> Vec<f64> {
+/// cheapest first. Each class's load on each channel.
+pub(super) fn nominal_load(ctx: &Ctx<'_>) -> Rps {
     let n = ctx.ch.len();
     let mut nominal_rps: Rps = [vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]];
     let mut room = ctx.cap.clone();
@@ -188,7 +209,5 @@ pub(super) fn nominal_load(ctx: &Ctx<'_>) -> Vec<f64> {
             None,
         );
     }
-    (0..n)
-        .map(|j| (0..4).map(|k| nominal_rps[k][j]).sum())
-        .collect()
+    nominal_rps
 }

@@ -18,6 +18,8 @@ fn ch(id: &str, price: f64, cap: f64, initial: f64) -> ChannelInput {
         quota_exhausted_in_ms: None,
         tokens_per_request: Some(1000.0),
         failure_rate: Some(0.0),
+        failure_streak: 0,
+        half_open_share: 0.05,
     }
 }
 
@@ -30,7 +32,7 @@ fn group(channels: Vec<ChannelInput>, demand: [f64; 4]) -> GroupInput {
         budget_per_hour: None,
         horizon_ms: 3_600_000,
         warm: true,
-        correlated: false,
+        panic_since_ms: None,
         spend_calibration: 1.0,
     }
 }
@@ -183,7 +185,7 @@ fn a_correlated_failure_is_planned_like_static_routing() {
     let calm = run(&g);
     set_state(&mut g, "free", StateKind::Drained, 0.0, 0.9);
     set_state(&mut g, "paid", StateKind::AtRisk, 0.3, 0.6);
-    g.correlated = true;
+    g.panic_since_ms = Some(0);
     let p = run(&g);
     assert!(p.same_routing(&calm), "{p:?}");
     // A pin still holds.
@@ -365,14 +367,74 @@ fn pins_are_obeyed() {
 }
 
 #[test]
-fn recovering_share_goes_to_lowest_priority_first() {
+fn a_recovering_channel_carries_its_step_of_each_class() {
     let mut g = two();
     set_state(&mut g, "free", StateKind::Recovering, 0.2, 0.1);
+    let all = run(&two());
     let p = run(&g);
-    // 0.2 × 13.5 = 2.7 rps, all experimental (5 rps demand).
-    assert!(close(p.channels[0].planned_rps, 2.7));
-    assert!(close(p.weight(Experimental, "free"), 2.7 / 5.0));
-    assert_eq!(p.weight(Interactive, "free"), 0.0);
+    // Its step (20 %) of what it carries at full weight, in every class:
+    // no class lands wholly on a channel still proving itself.
+    for class in [Interactive, Core, Batch, Experimental] {
+        let full = all.weight(class, "free");
+        assert!(
+            close(p.weight(class, "free"), 0.2 * full),
+            "{class:?}: {p:?}"
+        );
+    }
+    assert!(close(
+        p.channels[0].planned_rps,
+        0.2 * all.channels[0].planned_rps
+    ));
+}
+
+#[test]
+fn a_probation_takes_the_same_share_of_every_class_and_leaves_a_retry_path() {
+    // Little experimental demand: 5 % of the group's traffic must not land
+    // as most of that class on the channel on probation.
+    let mut g = group(
+        vec![ch("free", 0.0, 100.0, 0.3), ch("paid", 1.0, 100.0, 0.7)],
+        [10.0, 10.0, 5.0, 0.5],
+    );
+    set_state(&mut g, "free", StateKind::Observing, 0.05, 0.1);
+    let p = run(&g);
+    for class in [Interactive, Core, Batch, Experimental] {
+        assert!(close(p.weight(class, "free"), 0.05), "{class:?}: {p:?}");
+        assert!(p.weight(class, "paid") > 0.9, "{class:?}: {p:?}");
+    }
+    assert!(p.classes_without_retry_path().is_empty());
+}
+
+#[test]
+fn a_quiet_probation_gets_at_least_the_floor_within_its_normal_share() {
+    // 0.7 rps in all: 5 % would be one attempt every 30 s.
+    let mut g = group(
+        vec![ch("free", 0.0, 10.0, 0.3), ch("paid", 1.0, 10.0, 0.7)],
+        [0.2, 0.3, 0.2, 0.0],
+    );
+    set_state(&mut g, "free", StateKind::Observing, 0.05, 0.1);
+    let p = run(&g);
+    let floor = ScheduleConfig::default().half_open_min_rps;
+    assert!(close(p.channels[0].planned_rps, floor), "{p:?}");
+    // Never above what it would carry at full weight (0.3 × 0.7 rps).
+    set_state(&mut g, "free", StateKind::Observing, 0.05, 0.1);
+    g.demand_rps = [0.1, 0.2, 0.1, 0.0];
+    let p = run(&g);
+    assert!(close(p.channels[0].planned_rps, 0.3 * 0.4), "{p:?}");
+}
+
+#[test]
+fn an_at_risk_channel_never_holds_a_whole_class() {
+    // Batch is tolerant and small: the AT_RISK allowance (30 % of free's
+    // nominal load) would take all of it; a retry path stays on paid.
+    let mut g = group(
+        vec![ch("free", 0.0, 100.0, 0.5), ch("paid", 1.0, 100.0, 0.5)],
+        [10.0, 10.0, 1.0, 0.0],
+    );
+    set_state(&mut g, "free", StateKind::AtRisk, 0.3, 0.5);
+    let p = run(&g);
+    let share = ScheduleConfig::default().retry_path_share;
+    assert!(p.weight(Batch, "paid") >= share - 1e-9, "{p:?}");
+    assert!(p.classes_without_retry_path().is_empty());
 }
 
 #[test]
@@ -431,6 +493,97 @@ fn manual_mode_freezes_the_plan() {
     );
     assert!(!p3.manual);
     assert!(p3.version > p2.version, "leaving manual mode is published");
+}
+
+#[test]
+fn a_state_is_published_with_the_weight_it_explains() {
+    // The score alone had taken free's weight (above every class's
+    // max_score) before the machine drained it: the drain moves no weight,
+    // but the snapshot's state must not lag it until the next heartbeat.
+    let mut g = two();
+    set_state(&mut g, "free", StateKind::Healthy, 1.0, 0.99);
+    let p0 = run(&g);
+    assert_eq!(p0.weight(Batch, "free"), 0.0);
+    set_state(&mut g, "free", StateKind::Drained, 0.0, 0.99);
+    let p1 = plan(
+        &g,
+        &ClassPolicies::default(),
+        &ScheduleConfig::default(),
+        Some(&p0),
+        false,
+    );
+    assert!(p1.same_routing(&p0));
+    assert_eq!(p1.channels[0].state, StateKind::Drained);
+    assert_eq!(p1.version, p0.version + 1, "a new state is a new version");
+    // In manual mode the routing stays, the states are still news.
+    let mut m = g.clone();
+    set_state(&mut m, "free", StateKind::Observing, 0.05, 0.2);
+    let p2 = plan(
+        &m,
+        &ClassPolicies::default(),
+        &ScheduleConfig::default(),
+        Some(&p1),
+        true,
+    );
+    assert!(p2.same_routing(&p1));
+    assert_eq!(p2.channels[0].state, StateKind::Observing);
+}
+
+#[test]
+fn panic_mode_shows_why_and_feeds_no_dead_channel() {
+    // Both paid channels refuse everything; the free ones cannot carry all
+    // of it. The dead get their half-open share only, the rest is shed,
+    // and the plan says why each channel carries what it does.
+    let mut g = group(
+        vec![
+            ch("free-a", 0.0, 15.0, 0.3),
+            ch("free-b", 0.0, 15.0, 0.3),
+            ch("paid-a", 0.6, 20.0, 0.7),
+            ch("paid-b", 1.2, 20.0, 0.7),
+        ],
+        [10.0, 10.0, 10.0, 0.0],
+    );
+    for id in ["paid-a", "paid-b"] {
+        let c = g.channels.iter_mut().find(|c| c.id == id).unwrap();
+        c.score = Some(1.0);
+        c.failure_rate = Some(1.0);
+        c.failure_streak = 40;
+    }
+    g.panic_since_ms = Some(500);
+    let p = run(&g);
+    assert_eq!(p.panic_since_ms, Some(500));
+    let by_id = |id: &str| p.channels.iter().find(|c| c.id == id).unwrap();
+    for id in ["paid-a", "paid-b"] {
+        let c = by_id(id);
+        assert_eq!(c.reason, ShareReason::FailingInPanic, "{c:?}");
+        assert_eq!(c.state, StateKind::Healthy, "the machine's state is shown");
+        assert!(c.planned_rps < 1.0, "{c:?}");
+    }
+    for id in ["free-a", "free-b"] {
+        assert_eq!(by_id(id).reason, ShareReason::Panic);
+        assert!(close(by_id(id).planned_rps, 12.0), "{:?}", by_id(id));
+    }
+    assert!(p.classes.iter().any(|c| c.shed > 0.1), "the excess is shed");
+    // The first answer after the common cause ends clears the streak: the
+    // channel is planned like the others again at once.
+    for id in ["paid-a", "paid-b"] {
+        g.channels
+            .iter_mut()
+            .find(|c| c.id == id)
+            .unwrap()
+            .failure_streak = 0;
+    }
+    let p = run(&g);
+    assert!(p.channels.iter().all(|c| c.reason == ShareReason::Panic));
+    assert!(p.classes.iter().all(|c| c.shed == 0.0));
+    // Every channel failing nearly everything: nothing better to send to,
+    // planned like static routing.
+    for c in g.channels.iter_mut() {
+        c.failure_rate = Some(1.0);
+        c.failure_streak = 10;
+    }
+    let p = run(&g);
+    assert!(p.channels.iter().all(|c| c.reason == ShareReason::Panic));
 }
 
 #[test]
@@ -528,6 +681,33 @@ proptest! {
         let mut shuffled = g.clone();
         shuffled.channels.reverse();
         prop_assert_eq!(run(&shuffled), p);
+    }
+
+    /// docs/decisions.md#safety-rails, every class keeps a way out: while a
+    /// class has demand and a healthy channel has room, a healthy channel
+    /// carries some of it; and a channel on probation carries no class
+    /// beyond its fair part of the half-open share, unless healthy
+    /// capacity ran out (overflow).
+    #[test]
+    fn every_class_keeps_a_retry_path(g in arb_group()) {
+        let mut g = g;
+        g.budget_per_hour = None;
+        let p = run(&g);
+        prop_assert_eq!(p.classes_without_retry_path(), Vec::<TrafficClass>::new(), "{:?}", p);
+        let cfg = ScheduleConfig::default();
+        let demand: f64 = g.demand_rps.iter().map(|d| d.max(1e-6)).sum();
+        let room = p.channels.iter().any(|c| c.state == StateKind::Healthy && c.planned_rps < c.cap_rps - 1e-6);
+        for (j, c) in p.channels.iter().enumerate() {
+            let input = g.channels.iter().find(|x| x.id == c.id).unwrap();
+            if c.state != StateKind::Observing || input.pinned || !room {
+                continue;
+            }
+            let fair = input.health_weight.max(cfg.half_open_min_rps / demand);
+            for cl in &p.classes {
+                let carried = cl.weights[j].1 * (1.0 - cl.shed);
+                prop_assert!(carried <= fair + 1e-9, "{} carries {} of {:?}, fair part {}", c.id, carried, cl.class, fair);
+            }
+        }
     }
 
     #[test]

@@ -158,6 +158,9 @@ pub(super) struct SimRun<'a> {
     pub(super) next_probe_s: Vec<f64>,
     /// Per channel: (quota period number, attempts used in it).
     pub(super) quota_use: Vec<(i64, u64)>,
+    /// Since when (scenario seconds) the plan has left a class without a
+    /// healthy channel while one had room (`Plan::classes_without_retry_path`).
+    pub(super) retry_gap_since: Option<f64>,
 }
 
 impl<'a> SimRun<'a> {
@@ -229,6 +232,7 @@ impl<'a> SimRun<'a> {
             },
             next_probe_s,
             quota_use: vec![(i64::MIN, 0); n],
+            retry_gap_since: None,
         })
     }
 
@@ -248,6 +252,9 @@ impl<'a> SimRun<'a> {
             self.pick_up_snapshot(t_s);
             self.probes(t_ms, t_s);
             self.new_requests(t_ms, t_s);
+        }
+        if let Some(since) = self.retry_gap_since.take() {
+            self.result.no_retry_path_s += self.sc.duration_s - since;
         }
         self.result.alerts = std::mem::take(&mut self.composition.alerts);
         self.result
@@ -367,6 +374,15 @@ impl<'a> SimRun<'a> {
         let Some(plan) = composition.plan(&self.group) else {
             return;
         };
+        let gap = !plan.classes_without_retry_path().is_empty();
+        match (gap, self.retry_gap_since) {
+            (true, None) => self.retry_gap_since = Some(t_s),
+            (false, Some(since)) => {
+                self.result.no_retry_path_s += t_s - since;
+                self.retry_gap_since = None;
+            }
+            _ => {}
+        }
         let total: f64 = plan.classes.iter().map(|c| c.demand_rps).sum();
         for cp in &plan.channels {
             let Some(j) = self.ids.iter().position(|id| *id == cp.id) else {

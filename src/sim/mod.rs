@@ -146,6 +146,9 @@ pub struct RunResult {
     pub spend_by_minute: Vec<f64>,
     /// Seconds in which any channel took more attempts than its capacity.
     pub overload_s: u64,
+    /// Seconds in which the plan left a class with demand without a
+    /// healthy channel while one had room (docs/decisions.md#safety-rails).
+    pub no_retry_path_s: f64,
     pub events: u64,
     /// Events that failed to encode or decode (the codec round trip).
     pub codec_errors: u64,

@@ -106,6 +106,9 @@ pub struct Report {
     pub peak_hour_spend: f64,
     pub budget_per_hour: Option<f64>,
     pub overload_s: u64,
+    /// Seconds in which a class with demand had no weight on a healthy
+    /// channel while one had room: a retry of it had nowhere healthy to go.
+    pub no_retry_path_s: f64,
     pub events: u64,
     /// Alerts raised, by kind.
     pub alerts: BTreeMap<String, u64>,
@@ -189,6 +192,7 @@ pub fn build(
         peak_hour_spend: round2(peak_hour_spend(&hermes.spend_by_minute, sc.duration_s)),
         budget_per_hour: sc.budget_per_hour,
         overload_s: hermes.overload_s,
+        no_retry_path_s: round2(hermes.no_retry_path_s),
         events: hermes.events,
         alerts,
         group_pages: hermes
@@ -470,8 +474,8 @@ fn totals(r: &Report) -> String {
             .map_or(String::new(), |b| format!(" per hour (budget {b:.2})"))
     ));
     s.push_str(&format!(
-        "overload: {} s; events {}\n",
-        r.overload_s, r.events
+        "overload: {} s; a class without a healthy channel: {} s; events {}\n",
+        r.overload_s, r.no_retry_path_s, r.events
     ));
     let alerts: Vec<String> = r.alerts.iter().map(|(k, v)| format!("{k}={v}")).collect();
     s.push_str(&format!(
