@@ -403,6 +403,90 @@ fn most_of_a_group_down_is_drained_when_a_healthy_channel_has_room() {
     }
 }
 
+/// docs/decisions.md#safety-rails: panic mode routes to the least-bad
+/// channels only. Both paid channels refuse everything for 8 minutes and the
+/// free ones can carry 24 of the 30 rps: the group is in panic, the dead
+/// channels carry only a probe's share, the excess is shed and reported.
+#[test]
+fn dead_channels_are_not_fed_while_healthy_capacity_is_short() {
+    let sc = load("dead-while-short");
+    for r in five(&sc) {
+        assert!(
+            r.failed_requests as f64 <= 0.6 * r.failed_requests_static as f64,
+            "seed {}: failed {} > 0.6 of static's {}",
+            r.seed,
+            r.failed_requests,
+            r.failed_requests_static
+        );
+        assert!(r.shed > 0, "seed {}: the excess is shed", r.seed);
+        // The dead channels' attempts: a probe's share, not their weight.
+        assert!(
+            r.harmed_attempts * 5 <= r.harmed_attempts_static,
+            "seed {}: harmed {} of static's {}",
+            r.seed,
+            r.harmed_attempts,
+            r.harmed_attempts_static
+        );
+        assert!(raised(&r, "CORRELATED_FAILURE") >= 1, "seed {}", r.seed);
+        assert_eq!(r.group_pages, 1, "seed {}: one P1 for the group", r.seed);
+        for c in faulty(&r) {
+            within(c.recover_s, RECOVERY_S, &format!("{} recovery", c.id), &r);
+        }
+        pages_once(&r);
+    }
+}
+
+/// docs/decisions.md#safety-rails: recovery fits the traffic. A quiet
+/// group (0.7 rps over three channels, no probes): free-a refuses
+/// everything for 20 minutes, is never let back while it does, and is at
+/// full weight within 8 minutes of the fault's end. Its drains, cool-downs
+/// and re-admission never read as silence.
+#[test]
+fn a_quiet_channel_comes_back_within_eight_minutes() {
+    let sc = load("quiet-group-outage");
+    assert_eq!(sc.gateway.probe_interval_s, 0.0, "no probes");
+    for r in five(&sc) {
+        across_all(&r, RECOVERY_S);
+        let c = first_faulty(&r);
+        assert_eq!(c.drains, 1, "seed {}", r.seed);
+        assert_eq!(
+            c.readmissions, 1,
+            "seed {}: let back while the upstream was dead",
+            r.seed
+        );
+        assert_eq!(raised(&r, "SILENT_CHANNEL"), 0, "seed {}", r.seed);
+    }
+}
+
+/// docs/decisions.md#safety-rails: every class keeps a way out. free-a is
+/// drained for bad answers, then fails with HTTP 500 while recovering: no
+/// class is ever left without a healthy channel that has room, and users
+/// fare better than on static weights.
+#[test]
+fn a_class_keeps_a_retry_path_while_a_channel_is_on_probation() {
+    let sc = load("relapse-in-recovery");
+    for r in five(&sc) {
+        assert_eq!(
+            r.no_retry_path_s, 0.0,
+            "seed {}: a class had no healthy channel",
+            r.seed
+        );
+        assert!(
+            r.failed_requests <= r.failed_requests_static,
+            "seed {}: failed {} > static {}",
+            r.seed,
+            r.failed_requests,
+            r.failed_requests_static
+        );
+        let c = first_faulty(&r);
+        within(c.recover_s, RECOVERY_S, "recovery", &r);
+        for other in r.channels.iter().filter(|c| !c.faulty) {
+            assert_eq!(other.drains, 0, "seed {}: {} drained", r.seed, other.id);
+        }
+        pages_once(&r);
+    }
+}
+
 /// A cascade: each faulty channel is judged on its own evidence, detected
 /// within 60 s of its own onset, never mistaken for a correlated failure.
 #[test]
