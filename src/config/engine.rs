@@ -104,8 +104,9 @@ pub struct EngineConfig {
     pub silent_after_ms: i64,
     /// A silence is reported only when the channel's traffic since its
     /// weight last fell or came back (the events of its long view over the
-    /// time they span) would have brought at least this many events in the
-    /// gap, and that traffic counted this many. A gap of a Poisson stream
+    /// time they span, as of the last evaluation that saw an event) would
+    /// have brought at least this many events in the gap, and that traffic
+    /// counted this many. A gap of a Poisson stream
     /// expected to hold 10 events happens about once in 22 000 (e^-10), so
     /// a sparse channel's ordinary gaps do not page.
     pub silent_min_events: u32,
@@ -234,6 +235,7 @@ impl EngineConfig {
         if self.silent_min_events == 0 {
             v.push("engine.silent_min_events", "must be at least 1");
         }
+
         if self.max_tokens_per_attempt == 0 {
             v.push("engine.max_tokens_per_attempt", "must be at least 1");
         }

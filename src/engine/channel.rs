@@ -77,6 +77,7 @@ impl ChannelRuntime {
             frozen_until_ms: None,
             quota: QuotaUse::default(),
             weight_since_ms: None,
+            traffic: None,
             touched: false,
         };
         rt.configure(c, group_idx);

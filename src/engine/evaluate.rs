@@ -308,30 +308,31 @@ impl Engine {
     /// the moment its weight last came back or fell, so time spent drained
     /// and the instant weight is given back are never silence; and it is
     /// reported only when the channel's own traffic since that moment
-    /// (`engine.silent_min_events` events at least) would have brought
-    /// that many events in the gap.
-    pub(super) fn silence(&self, idx: usize, now: i64, first_event: i64) -> Option<i64> {
+    /// (`engine.silent_min_events` events at least, read over the long view
+    /// at the last evaluation that saw an event) would have brought that
+    /// many events in the gap.
+    pub(super) fn silence(&mut self, idx: usize, now: i64, first_event: i64) -> Option<i64> {
         let e = &self.cfg.engine;
-        let ch = &self.channels[idx];
+        let ch = &mut self.channels[idx];
+        let last_event = ch.last_event_ms?;
+        let weighted_from = ch.weight_since_ms.unwrap_or(i64::MIN).max(first_event);
+        if last_event >= now - e.evaluation_interval_ms && last_event >= weighted_from {
+            // Events since the last evaluation: the traffic with the weight
+            // as it is, over the long view (the rate a silence is judged by).
+            let from = weighted_from.max(now - e.long_window_ms);
+            let view = ch.ring.counters(now, e.long_window_ms, from);
+            let events = view.real.requests + view.probe.requests;
+            ch.traffic = Some((events, (last_event - from).max(e.slice_ms)));
+        }
         if ch.machine.weight(&ch.cfg.policy.states) <= 0.0 {
             return None;
         }
-        let last_event = ch.last_event_ms?;
-        let weighted_from = ch.weight_since_ms.unwrap_or(i64::MIN).max(first_event);
-        let quiet_since = last_event.max(weighted_from);
-        let silent_ms = now - quiet_since;
-        if silent_ms <= e.silent_after_ms {
-            return None;
-        }
-        // The traffic the channel had with its weight as it is: the events
-        // of the long view since then, over the time they span.
-        let from = weighted_from.max(now - e.long_window_ms);
-        let view = ch.ring.counters(now, e.long_window_ms, from);
-        let events = view.real.requests + view.probe.requests;
-        let span_ms = (last_event - from).max(e.slice_ms);
+        let silent_ms = now - last_event.max(weighted_from);
+        let (events, span_ms) = ch.traffic?;
         let expected = events as f64 * silent_ms as f64 / span_ms as f64;
         let min = e.silent_min_events;
-        (events >= min && expected >= min as f64).then_some(silent_ms)
+        (silent_ms > e.silent_after_ms && events >= min && expected >= min as f64)
+            .then_some(silent_ms)
     }
 
     /// Turns machine changes into alerts and applies their side effects.
@@ -346,6 +347,7 @@ impl Engine {
         for c in changes {
             if c.weight_after < c.weight_before || c.weight_before <= 0.0 && c.weight_after > 0.0 {
                 ch.weight_since_ms = Some(c.at_ms);
+                ch.traffic = None;
             }
             if c.to == StateKind::Observing && c.from != StateKind::Observing {
                 // Fresh evidence for the probation: the incident's failures

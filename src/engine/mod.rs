@@ -195,6 +195,10 @@ struct ChannelRuntime {
     /// rule, `Engine::channel_alarms`). `None`: unchanged since the engine
     /// started.
     weight_since_ms: Option<i64>,
+    /// The channel's traffic with its weight as it is, as of the last
+    /// evaluation that saw an event: (events, over how many ms). What a
+    /// silence is measured against.
+    traffic: Option<(u32, i64)>,
 }
 
 /// Attempts counted against a channel's configured `quota` per period
