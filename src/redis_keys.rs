@@ -9,6 +9,7 @@
 //! | `hermes:{GROUP}:epoch` | integer | [`TAKE_EPOCH_LUA`] |
 //! | `hermes:{GROUP}:changed` | pub/sub channel | [`FENCED_WRITE_LUA`] |
 //! | `hermes:{GROUP}:state` | hash (channel → saved machine) | [`KEEP_NEWEST_LUA`] |
+//! | `hermes:dataset` | string (the instance that marked it, and when) | `SET NX` by every instance's state store |
 //! | `hermes:overrides` | hash (`channel:ID` / `group:ID` → operator override JSON) | `HSET`/`HDEL` by the control API |
 
 /// The Redis key holding a group's snapshot.
@@ -30,6 +31,11 @@ pub fn changed_channel(group: &str) -> String {
 pub fn state_key(group: &str) -> String {
     format!("hermes:{{{group}}}:state")
 }
+
+/// Marks a Redis dataset that holds Hermes' saved state. Its absence means
+/// Redis lost its data (restarted empty, flushed): every instance then
+/// saves all of its channels' state again (`service::state_store`).
+pub const DATASET_KEY: &str = "hermes:dataset";
 
 /// The operator overrides (pins and freezes) of the whole fleet: one hash,
 /// read by every instance (`service::overrides`).

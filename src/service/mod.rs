@@ -210,7 +210,8 @@ impl Service {
         // Alerts carry the registered id from the first one on.
         let registered = registry::register_schemas(&runtime.kafka, &metrics, stop.clone()).await?;
         spawn_watchers(&runtime, &metrics, &stop, config_path, cfg_tx, &mut tasks);
-        let (state_store, sink) = stores(&store, &runtime)?;
+        let check_every = Duration::from_millis(cfg.engine.evaluation_interval_ms as u64);
+        let (state_store, sink) = stores(&store, &runtime, &instance, check_every)?;
         let producer = Arc::new(
             kafka::output_producer(&runtime.kafka, metrics.clone())
                 .context("creating the producer")?,
@@ -369,10 +370,16 @@ async fn serve_http(
 fn stores(
     store: &Store,
     runtime: &Runtime,
+    instance: &str,
+    check_every: Duration,
 ) -> anyhow::Result<(Option<state_store::StateStore>, groups::WeightSink)> {
     Ok(match store {
         Store::Redis => (
-            Some(state_store::StateStore::start(&runtime.redis.url)?),
+            Some(state_store::StateStore::start(
+                &runtime.redis.url,
+                instance,
+                check_every,
+            )?),
             groups::redis_sink(runtime)?,
         ),
         Store::InProcess(s) => (None, groups::WeightSink::InProcess(s.clone())),

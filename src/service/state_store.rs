@@ -8,14 +8,25 @@
 //! owner's state back. Writes are queued and coalesced per channel (latest
 //! wins) on a background task that retries with backoff while Redis is
 //! down; the consumer never waits for them.
+//!
+//! A machine is written when it changes, so a Redis that comes back empty
+//! (restarted without persistence, flushed) would hold no state until each
+//! channel next changed, and a takeover then would restore nothing: the
+//! incident history, relapse multiplier included, forgotten. A watcher
+//! checks once per evaluation interval that the dataset still carries
+//! [`DATASET_KEY`]; when it does not, it sets it and bumps
+//! [`StateStore::generation`], and every request loop saves all of its
+//! channels again at their next evaluation.
 
 use crate::backoff::Backoff;
 use crate::publish::redact_url;
 pub use crate::redis_keys::state_key;
-use crate::redis_keys::KEEP_NEWEST_LUA;
+use crate::redis_keys::{DATASET_KEY, KEEP_NEWEST_LUA};
 use crate::state::StateMachine;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -41,6 +52,8 @@ pub struct StateStore {
     tx: mpsc::UnboundedSender<StateWrite>,
     client: redis::Client,
     url_for_logs: String,
+    /// Bumped each time the dataset was found without [`DATASET_KEY`].
+    generation: Arc<AtomicU64>,
 }
 
 async fn connect(client: &redis::Client) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
@@ -53,17 +66,34 @@ async fn connect(client: &redis::Client) -> redis::RedisResult<redis::aio::Multi
 }
 
 impl StateStore {
-    /// Starts the writer task on the current runtime.
-    pub fn start(url: &str) -> anyhow::Result<StateStore> {
+    /// Starts the writer task, and the watcher that checks the dataset
+    /// every `check_every` (the evaluation interval), on the current
+    /// runtime. `instance` is written into the dataset's mark.
+    pub fn start(url: &str, instance: &str, check_every: Duration) -> anyhow::Result<StateStore> {
         let client = redis::Client::open(url)
             .map_err(|e| anyhow::anyhow!("bad redis url {}: {e}", redact_url(url)))?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(client.clone(), rx, redact_url(url)));
+        let generation = Arc::new(AtomicU64::new(0));
+        tokio::spawn(watch_dataset(
+            client.clone(),
+            instance.to_string(),
+            check_every,
+            generation.clone(),
+        ));
         Ok(StateStore {
             tx,
             client,
             url_for_logs: redact_url(url),
+            generation,
         })
+    }
+
+    /// How many times the dataset was found without Hermes' mark (Redis
+    /// came back empty): a request loop that saw a lower number saves every
+    /// channel's state again.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Queues a write (never blocks).
@@ -150,5 +180,57 @@ async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrit
         } else {
             backoff.reset();
         }
+    }
+}
+
+/// Checks every `every` that the dataset carries [`DATASET_KEY`]; marks it
+/// and bumps `generation` when it does not (at the first check too: a
+/// dataset this instance has not seen marked may have lost what it saved).
+async fn watch_dataset(
+    client: redis::Client,
+    instance: String,
+    every: Duration,
+    generation: Arc<AtomicU64>,
+) {
+    let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+    // A connection that just broke is retried soon: Redis restarting is
+    // when the dataset is most likely to have been lost.
+    let soon = every.min(Duration::from_millis(250));
+    loop {
+        let mut next = every;
+        if conn.is_none() {
+            conn = connect(&client).await.ok();
+            if conn.is_none() {
+                next = soon;
+            }
+        }
+        if let Some(c) = conn.as_mut() {
+            let mark = format!("{instance} {}", crate::wall_clock::now_ms());
+            // SET NX: answers OK only when the mark was missing.
+            let set: redis::RedisResult<Option<String>> = redis::cmd("SET")
+                .arg(DATASET_KEY)
+                .arg(mark)
+                .arg("NX")
+                .query_async(c)
+                .await;
+            match set {
+                Ok(Some(_)) => {
+                    let g = generation.fetch_add(1, Ordering::Relaxed) + 1;
+                    if g > 1 {
+                        tracing::warn!(
+                            "Redis holds no Hermes state (it came back empty or was flushed): \
+                             saving every channel's state again"
+                        );
+                    }
+                }
+                Ok(None) => {}
+                // The writer reports Redis being away; this only retries.
+                Err(_) => {
+                    conn = None;
+                    next = soon;
+                }
+            }
+        }
+        tokio::time::sleep(next).await;
     }
 }

@@ -221,6 +221,12 @@ impl Partition {
         }
     }
 
+    /// Forgets what was saved: each channel is saved again at its next
+    /// evaluation (Redis lost the saved state).
+    pub fn forget_saved(&mut self) {
+        self.saved.clear();
+    }
+
     /// Held again after a rebalance that kept it: reading resumes where it
     /// was, but it reports, and moves event time while idle, only once past
     /// `high` (the high watermark at this assignment). After a lost

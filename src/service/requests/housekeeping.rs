@@ -51,6 +51,7 @@ impl LoopState {
     /// neighbours on the same consumer do, and its cool-downs must run).
     pub(super) fn housekeeping(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
         self.reload_config();
+        self.resave_if_redis_lost_state();
         // One copy of librdkafka's fetch reports per round, for both uses.
         let (known, broker_down_at) = {
             let shared = lock(&self.shared);
@@ -86,6 +87,21 @@ impl LoopState {
     /// The request topic's partition count, which decides each group's
     /// writer. A failed metadata fetch keeps the last known count (zero:
     /// nobody writes yet) and is retried at the next housekeeping round.
+    /// Redis came back without Hermes' state (`state_store`): every
+    /// partition saves each of its channels again at its next evaluation,
+    /// so a takeover after it still restores the incident history.
+    pub(super) fn resave_if_redis_lost_state(&mut self) {
+        let Some(store) = &self.store else { return };
+        let generation = store.generation();
+        if generation == self.saved_generation {
+            return;
+        }
+        self.saved_generation = generation;
+        for part in self.partitions.values_mut() {
+            part.forget_saved();
+        }
+    }
+
     pub(super) fn refresh_partition_count(&self, consumer: &RequestConsumer) {
         let topic = &self.runtime.kafka.request_topic;
         match partition_count(consumer, topic) {

@@ -136,6 +136,9 @@ struct LoopState {
     /// Per partition, the offset to store once the batch is handled: the
     /// last live record's plus one.
     to_store: BTreeMap<i32, i64>,
+    /// The state store's generation this loop last saved everything for
+    /// (see `state_store`).
+    saved_generation: u64,
 }
 
 impl RequestLoop {
@@ -210,6 +213,7 @@ impl RequestLoop {
                 overrides: parts.overrides,
                 last_consumer_error: None,
                 to_store: BTreeMap::new(),
+                saved_generation: 0,
             },
         })
     }
