@@ -23,6 +23,10 @@ pub struct GroupRow {
     pub age_ms: Option<i64>,
     /// Weights frozen by an operator (manual mode).
     pub manual: bool,
+    /// In panic mode (a correlated failure: health does not route) since
+    /// this event time.
+    #[serde(default)]
+    pub panic_since_ms: Option<i64>,
     /// Class → share of its requests the gateways shed.
     pub shed: BTreeMap<String, f64>,
     pub projected_spend_per_hour: Option<f64>,
@@ -41,6 +45,10 @@ pub struct ChannelRow {
     pub signals: Vec<(String, f64)>,
     /// Class → published routing weight.
     pub weights: BTreeMap<String, f64>,
+    /// Why the plan gave it its share (`schedule::ShareReason`): in panic
+    /// mode, why it carries weight while it scores badly.
+    #[serde(default)]
+    pub plan: Option<String>,
     /// The operator pin in force: what, by whom, why, until when.
     pub pin: Option<String>,
 }
@@ -60,6 +68,9 @@ const LEGEND: &str = "\
 STATE   the channel's health state machine (HEALTHY, AT_RISK, DRAINED, OBSERVING, RECOVERING)
 SCORE   0 healthy .. 1 failing; WHY: the signals adding most to it
 WEIGHTS published routing weight per traffic class (what gateways read); SHED: share of a class shed
+PLAN    why the plan gave it that share; panic: the group fails as a whole (MODE PANIC), so it is
+        planned like static routing whatever its score; failing_in_panic: it fails nearly
+        everything, so it gets only a probe's share and the rest is shed
 AGE     since the writer last wrote or refreshed the snapshot (gateways alarm after 3 heartbeats)
 ";
 
@@ -71,6 +82,15 @@ fn fmt_weights(w: &BTreeMap<String, f64>) -> String {
         .map(|(c, x)| format!("{c}={x:.2}"))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A group's mode: frozen by an operator, in panic since when, or auto.
+fn mode(g: &GroupRow) -> String {
+    match (g.manual, g.panic_since_ms) {
+        (true, _) => "FROZEN".into(),
+        (false, Some(t)) => format!("PANIC since {}", utc(t)),
+        (false, None) => "auto".into(),
+    }
 }
 
 /// Signals and their contributions, for people (`-` when none).
@@ -115,7 +135,7 @@ impl StatusView {
                     g.epoch.map_or("-".into(), |e| e.to_string()),
                     g.version.map_or("-".into(), |v| v.to_string()),
                     g.age_ms.map_or("-".into(), age),
-                    if g.manual { "FROZEN" } else { "auto" }.to_string(),
+                    mode(g),
                     fmt_weights(&shed),
                     g.projected_spend_per_hour
                         .map_or("-".into(), |x| format!("{x:.2}")),
@@ -131,6 +151,7 @@ impl StatusView {
             ("SCORE", Align::Right),
             ("WHY (top signals)", Align::Left),
             ("WEIGHTS", Align::Left),
+            ("PLAN", Align::Left),
             ("PIN", Align::Left),
         ])
         .min_width(0, 16)
@@ -144,6 +165,7 @@ impl StatusView {
                 c.score.map_or("-".into(), |v| format!("{v:.2}")),
                 fmt_signals(&c.signals),
                 fmt_weights(&c.weights),
+                c.plan.clone().unwrap_or_else(|| "-".into()),
                 c.pin.clone().unwrap_or_else(|| "-".into()),
             ]);
         }
@@ -189,6 +211,7 @@ impl StatusView {
             row.version = Some(snap.version);
             row.age_ms = Some((self.generated_ms - snap.heartbeat_ms).max(0));
             row.manual = snap.manual;
+            row.panic_since_ms = snap.panic_since_ms;
             row.projected_spend_per_hour = Some(snap.projected_spend_per_hour);
             for (class, cw) in &snap.classes {
                 row.shed.insert(class.clone(), cw.shed);
@@ -203,6 +226,7 @@ impl StatusView {
             for (ch, st) in &snap.channels {
                 let c = channels.entry(ch.clone()).or_default();
                 c.state = st.state.clone();
+                c.plan = Some(st.reason.clone());
                 c.score = st.score;
                 c.signals = st.signals.clone();
             }
@@ -260,17 +284,44 @@ mod tests {
                 score: Some(0.81),
                 signals: vec![("truncation_rate".into(), 0.4)],
                 weights: [("CORE".to_string(), 0.0)].into(),
+                plan: Some("drained".into()),
                 pin: None,
             }],
         };
         let text = view.render();
         assert!(text.contains("2026-12-01T14:40:00Z"), "{text}");
+        assert!(text.contains(" drained "), "{text}");
         assert!(text.contains("3s"), "{text}");
         assert!(text.contains("truncation_rate 0.40"), "{text}");
         assert!(text.contains("CORE=0.00"), "{text}");
         assert!(text.contains("SCORE   0 healthy .. 1 failing"), "{text}");
         let json = serde_json::to_string(&view).unwrap();
         assert_eq!(serde_json::from_str::<StatusView>(&json).unwrap(), view);
+    }
+
+    #[test]
+    fn panic_mode_shows_in_the_group_and_the_channels_plan() {
+        let view = StatusView {
+            source: "test".into(),
+            generated_ms: 1_796_136_000_000,
+            groups: vec![GroupRow {
+                group: "chat".into(),
+                panic_since_ms: Some(1_796_135_940_000),
+                ..Default::default()
+            }],
+            channels: vec![ChannelRow {
+                channel: "paid-a".into(),
+                group: "chat".into(),
+                state: "HEALTHY".into(),
+                score: Some(1.0),
+                plan: Some("failing_in_panic".into()),
+                ..Default::default()
+            }],
+        };
+        let text = view.render();
+        assert!(text.contains("PANIC since 2026-12-01T14:39:00Z"), "{text}");
+        assert!(text.contains("failing_in_panic"), "{text}");
+        assert!(text.contains("PLAN    why the plan"), "{text}");
     }
 
     #[test]
@@ -282,6 +333,7 @@ mod tests {
             score: Some(0.83),
             signals,
             weights: [("CORE".to_string(), 0.0), ("BATCH".to_string(), 0.0)].into(),
+            plan: None,
             pin: None,
         };
         let long = vec![

@@ -406,6 +406,7 @@ impl<'a> SimRun<'a> {
                 health_weight,
                 traffic_share,
                 score,
+                reason: cp.reason,
             });
         }
     }

@@ -109,6 +109,8 @@ pub struct Sample {
     /// Share of all planned traffic routed to the channel.
     pub traffic_share: f64,
     pub score: Option<f64>,
+    /// Why the plan gave it that share (panic mode shows here).
+    pub reason: crate::schedule::ShareReason,
 }
 
 /// Per-channel results of one run.

@@ -133,6 +133,12 @@ pub(super) fn gauges(snap: &WeightSnapshot, now: i64, budget_per_hour: Option<f6
         version: snap.version,
         heartbeat_ms: now,
         manual: snap.manual,
+        panic_since_ms: snap.panic_since_ms,
+        reasons: snap
+            .channels
+            .iter()
+            .map(|(ch, st)| (ch.clone(), st.reason.clone()))
+            .collect(),
         projected_spend_per_hour: snap.projected_spend_per_hour,
         budget_per_hour,
         weights,

@@ -327,6 +327,15 @@ impl Metrics {
         )?;
         gauges(
             enc,
+            "hermes_group_panic",
+            "1 while the group is in panic mode: most of its capacity fails at once and the \
+             healthy channels have no room for it, so health does not route (a correlated \
+             failure, docs/decisions.md#safety-rails).",
+            None,
+            per_group(&|g| Some(f64::from(u8::from(g.panic_since_ms.is_some())))),
+        )?;
+        gauges(
+            enc,
             "hermes_group_warming_up",
             "1 while the writer waits for channels to be evaluated before its first plan.",
             None,

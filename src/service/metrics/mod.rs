@@ -119,6 +119,10 @@ pub struct GroupGauges {
     /// Wall time of the last write or heartbeat refresh.
     pub heartbeat_ms: i64,
     pub manual: bool,
+    /// In panic mode since this event time (a correlated failure).
+    pub panic_since_ms: Option<i64>,
+    /// Channel → why the plan gave it its share.
+    pub reasons: BTreeMap<String, String>,
     pub projected_spend_per_hour: f64,
     pub budget_per_hour: Option<f64>,
     /// (class, channel) → weight.
@@ -380,6 +384,7 @@ impl Metrics {
                 version: Some(g.version),
                 age_ms: (g.heartbeat_ms > 0).then(|| (now - g.heartbeat_ms).max(0)),
                 manual: g.manual,
+                panic_since_ms: g.panic_since_ms,
                 shed: g.shed.clone(),
                 projected_spend_per_hour: Some(g.projected_spend_per_hour),
                 note: (!g.waiting_for.is_empty())
@@ -407,6 +412,9 @@ impl Metrics {
                     .map(|(k, v)| (k.name().to_string(), v))
                     .collect(),
                 weights,
+                plan: groups
+                    .get(c.group.as_str())
+                    .and_then(|g| g.reasons.get(id.as_str()).cloned()),
                 pin: c.pinned.then(|| "pinned".to_string()),
             });
         }

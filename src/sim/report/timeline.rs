@@ -27,9 +27,23 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
         band: 14.0,
         dur: sc.duration_s.max(1.0),
     };
+    let panics = panic_spans(&run.channels);
     let body = html! {
         h1 { "Drill: " (sc.name) }
         p { (sc.description) }
+        p {
+            "Group mode: "
+            @if panics.is_empty() {
+                "normal throughout."
+            } @else {
+                @for (i, (from, to)) in panics.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    b { "panic " (format!("{from:.0}–{to:.0} s")) }
+                }
+                " (a correlated failure: health does not route; channels are planned like \
+                 static routing, and one failing nearly everything gets only a probe's share)."
+            }
+        }
         (legend())
         @for (j, c) in sc.channels.iter().enumerate() {
             h2 { (c.id) " (" (c.tier.as_str()) ", capacity " (c.capacity_rps) " rps)" }
@@ -39,6 +53,47 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
         pre { (table(report)) }
     };
     html_page("Hermes drill", STYLE, body)
+}
+
+/// When the group was in panic mode: the spans of samples whose plan gave
+/// a channel a panic reason.
+fn panic_spans(channels: &[crate::sim::ChannelRun]) -> Vec<(f64, f64)> {
+    use crate::schedule::ShareReason::{FailingInPanic, Panic};
+    let mut at: Vec<(f64, bool)> = Vec::new();
+    for c in channels {
+        for s in &c.samples {
+            at.push((s.t_s, matches!(s.reason, Panic | FailingInPanic)));
+        }
+    }
+    at.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    at.dedup_by(|b, a| a.0 == b.0);
+    let mut spans: Vec<(f64, f64)> = Vec::new();
+    let mut open: Option<f64> = None;
+    for (t, panic) in at {
+        match (panic, open) {
+            (true, None) => open = Some(t),
+            (false, Some(from)) => {
+                spans.push((from, t));
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = open {
+        spans.push((from, f64::INFINITY));
+    }
+    spans
+}
+
+/// The colour of the band under the state band: why a channel carries
+/// weight while it scores badly (panic mode), or nothing.
+pub(super) fn reason_color(r: crate::schedule::ShareReason) -> Option<&'static str> {
+    use crate::schedule::ShareReason::*;
+    match r {
+        Panic => Some("#f39c12"),
+        FailingInPanic => Some("#5b2c2c"),
+        _ => None,
+    }
 }
 
 /// A self-contained page (the drill timeline, the weekly channel report):
@@ -73,6 +128,15 @@ fn legend() -> Markup {
                 span {
                     span style=(format!("background:{};", state_color(s))) { "\u{A0}\u{A0}\u{A0}" }
                     " " (s)
+                }
+            }
+            @for (r, what) in [
+                (crate::schedule::ShareReason::Panic, "panic mode: planned like static routing"),
+                (crate::schedule::ShareReason::FailingInPanic, "panic mode: fails nearly everything, a probe's share"),
+            ] {
+                span {
+                    span style=(format!("background:{};", reason_color(r).unwrap_or("#fff"))) { "\u{A0}\u{A0}\u{A0}" }
+                    " " (what)
                 }
             }
         }
@@ -137,9 +201,16 @@ impl Chart {
                 state_color(s.state),
             )
         });
+        let why = (0..samples.len()).step_by(stride).filter_map(|i| {
+            let s = samples[i];
+            let next_t = samples.get(i + stride).map_or(s.t_s + 5.0, |n| n.t_s);
+            let width = (self.x(next_t) - self.x(s.t_s)).max(0.5);
+            reason_color(s.reason).map(|fill| (at(self.x(s.t_s)), format!("{width:.2}"), fill))
+        });
         let ticks = 6;
+        let strip = band / 2.0;
         html! {
-            svg width=(w) height=(h + band + 20.0) xmlns="http://www.w3.org/2000/svg" {
+            svg width=(w) height=(h + band + strip + 20.0) xmlns="http://www.w3.org/2000/svg" {
                 @for f in &c.faults {
                     rect x=(at(self.x(f.start_s))) y="0"
                         width=(at((self.x(f.end_s.min(dur)) - self.x(f.start_s)).max(1.0)))
@@ -152,6 +223,10 @@ impl Chart {
                     rect x=(x) y=(h) width=(width) height=(band) fill=(fill)
                         shape-rendering="crispEdges" {}
                 }
+                @for (x, width, fill) in why {
+                    rect x=(x) y=(h + band) width=(width) height=(strip) fill=(fill)
+                        shape-rendering="crispEdges" {}
+                }
                 polyline fill="none" stroke="#111" stroke-width="1.3"
                     points=(self.points(samples, stride, |s| Some(s.health_weight))) {}
                 polyline fill="none" stroke="#1f77b4" stroke-width="1.3"
@@ -160,7 +235,7 @@ impl Chart {
                     points=(self.points(samples, stride, |s| s.score)) {}
                 @for k in 0..=ticks {
                     @let t = dur * k as f64 / ticks as f64;
-                    text x=(at(self.x(t))) y=(h + band + 14.0) font-size="10" text-anchor="middle" {
+                    text x=(at(self.x(t))) y=(h + band + strip + 14.0) font-size="10" text-anchor="middle" {
                         (format!("{t:.0} s"))
                     }
                 }
