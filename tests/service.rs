@@ -61,6 +61,7 @@ short_window_ms = 10000
 long_window_ms = 30000
 evaluation_interval_ms = 1000
 allowed_lateness_ms = 2000
+silent_after_ms = 10000
 
 [tiers.free.policy.states]
 cooldown_ms = {free_cooldown_ms}
@@ -2369,5 +2370,253 @@ fn a_stop_while_the_broker_is_away_does_not_wait_for_it() {
         "the stop waited {took:?} for the broker\n{}",
         hermes.log_tail()
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The saved machine of a channel of group `chat`, straight from Redis.
+fn saved_machine(
+    redis: &RedisServer,
+    channel: &str,
+) -> Option<hermes::service::state_store::SavedState> {
+    let c = redis::Client::open(redis.url()).ok()?;
+    let mut c = c.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+    let json: Option<String> = redis::cmd("HGET")
+        .arg(hermes::service::state_store::state_key("chat"))
+        .arg(channel)
+        .query(&mut c)
+        .ok()?;
+    serde_json::from_str(&json?).ok()
+}
+
+/// The cool-down of a DRAINED machine (until − since), if it is drained.
+fn cooldown_ms(s: &hermes::service::state_store::SavedState) -> Option<i64> {
+    match s.machine.state() {
+        hermes::state::ChannelState::Drained {
+            since_ms, until_ms, ..
+        } => Some(until_ms - since_ms),
+        _ => None,
+    }
+}
+
+/// free-a through one incident with the gateways routing as the weights
+/// say: failing until drained, nothing while drained, healthy once on
+/// probation, then `then` once it is RECOVERING (its probation passed).
+fn through_a_probation(gw: &Gateway, log: &SnapshotLog, hermes: &[&Hermes], then: u8) {
+    gw.set("free-a", FAILING);
+    wait_for(
+        log,
+        hermes,
+        Duration::from_secs(60),
+        "free-a drained",
+        |s| free_state(s) == "DRAINED",
+    );
+    // The gateways route around a drained channel.
+    gw.set("free-a", SILENT);
+    wait_for(
+        log,
+        hermes,
+        Duration::from_secs(120),
+        "free-a on probation",
+        |s| free_state(s) == "OBSERVING",
+    );
+    gw.set("free-a", HEALTHY);
+    wait_for(
+        log,
+        hermes,
+        Duration::from_secs(60),
+        "free-a recovering",
+        |s| free_state(s) == "RECOVERING",
+    );
+    gw.set("free-a", then);
+}
+
+/// docs/decisions.md#alerts-and-pages: nobody is paged for what Hermes did
+/// itself. free-a is drained, gets nothing through its cool-down (the
+/// gateways route around it), and traffic again when its weight comes
+/// back: no SILENT_CHANNEL. Then its gateway stops sending while it has
+/// full weight: one SILENT_CHANNEL, within the silence threshold.
+#[test]
+fn a_drain_and_its_re_admission_are_not_silence_and_a_gateway_that_stops_is() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let redis = RedisServer::start();
+    let dir = dir();
+    let hermes = start_hermes(&kafka, &redis, &dir, "a", 5000);
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    through_a_probation(&gw, &log, &[&hermes], HEALTHY);
+    wait_for(
+        &log,
+        &[&hermes],
+        Duration::from_secs(60),
+        "free-a back at full weight",
+        |s| free_state(s) == "HEALTHY",
+    );
+    let readmitted_ms = wall_ms();
+    // Its traffic fills the long view (30 s) at full weight.
+    std::thread::sleep(Duration::from_secs(20));
+    let stopped_ms = wall_ms();
+    gw.set("free-a", SILENT);
+    std::thread::sleep(Duration::from_secs(20));
+    let silences: Vec<AlertEvent> = read_topic(&kafka.bootstrap(), "hermes.alerts", 1)
+        .iter()
+        .filter_map(|m| AlertEvent::from_record(m.payload()?).ok())
+        .filter(|a| a.kind == AlertKind::SilentChannel)
+        .collect();
+    for a in &silences {
+        eprintln!("{} {:?} {}", a.event_time_ms, a.channel_id, a.message);
+    }
+    assert!(
+        silences.iter().all(|a| a.event_time_ms >= stopped_ms),
+        "a silence alarm before the gateway stopped (re-admitted at {readmitted_ms}): {silences:?}"
+    );
+    assert_eq!(silences.len(), 1, "{silences:?}");
+    let a = &silences[0];
+    assert_eq!(a.channel_id.as_deref(), Some("free-a"));
+    let after = a.event_time_ms - stopped_ms;
+    assert!(
+        (10_000..=15_000).contains(&after),
+        "noticed {after} ms after the stop"
+    );
+    eprintln!(
+        "silence noticed {after} ms after the gateway stopped; none for the drain and re-admission"
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// docs/operating.md: Redis comes back empty. Within an evaluation or two
+/// every channel's state is saved again, so a Hermes restart after it
+/// restores the incident history: free-a relapsed after its re-admission,
+/// and its next cool-down keeps the relapse multiplier (a forgotten
+/// history would give the base 5 s).
+#[test]
+fn state_redis_lost_is_saved_again_and_a_restart_keeps_the_relapse_multiplier() {
+    let _serial = serial();
+    let kafka = Tansu::start(TOPICS);
+    let mut redis = RedisServer::start();
+    let dir = dir();
+    let base = 5_000;
+    let mut a = start_hermes(&kafka, &redis, &dir, "a", base);
+    let log = SnapshotLog::start(&redis.url());
+    let gw = Gateway::start(&kafka.bootstrap(), 40);
+    wait_for(
+        &log,
+        &[&a],
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    );
+    // A relapse after re-admission: failing again while recovering.
+    through_a_probation(&gw, &log, &[&a], FAILING);
+    wait_for(
+        &log,
+        &[&a],
+        Duration::from_secs(60),
+        "free-a relapsed",
+        |s| free_state(s) == "DRAINED",
+    );
+    gw.set("free-a", SILENT);
+    let relapsed = (0..100)
+        .find_map(|_| {
+            let s = saved_machine(&redis, "free-a").filter(|s| cooldown_ms(s).is_some());
+            if s.is_none() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            s
+        })
+        .expect("the relapsed machine saved");
+    let first = cooldown_ms(&relapsed).unwrap();
+    eprintln!("relapse cool-down before Redis was emptied: {first} ms");
+
+    redis.kill();
+    redis.restart();
+    let back = Instant::now();
+    let resaved = loop {
+        if let Some(s) = saved_machine(&redis, "free-a") {
+            break s;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(15),
+            "state not saved again 15 s after Redis came back empty:\n{}",
+            a.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let resave_took = back.elapsed();
+    assert_eq!(cooldown_ms(&resaved), Some(first), "the same machine");
+
+    // A restart now: the new instance restores every channel.
+    a.terminate();
+    let b = start_hermes(&kafka, &redis, &dir, "b", base);
+    let restored = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&b.log).unwrap_or_default();
+        let rebuilt: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("partition rebuilding"))
+            .collect();
+        if rebuilt.len() >= 3 {
+            // Every partition restores every saved channel of the group.
+            for l in &rebuilt {
+                assert!(l.contains("restored=3"), "{l}");
+            }
+            break;
+        }
+        assert!(
+            restored.elapsed() < Duration::from_secs(60),
+            "free-a not restored:\n{}",
+            b.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // free-a serves its cool-down, passes its probation and relapses
+    // again: the next cool-down carries both relapses.
+    wait_for(
+        &log,
+        &[&b],
+        Duration::from_secs(120),
+        "free-a on probation",
+        |s| free_state(s) == "OBSERVING",
+    );
+    gw.set("free-a", HEALTHY);
+    wait_for(
+        &log,
+        &[&b],
+        Duration::from_secs(60),
+        "free-a recovering",
+        |s| free_state(s) == "RECOVERING",
+    );
+    gw.set("free-a", FAILING);
+    wait_for(
+        &log,
+        &[&b],
+        Duration::from_secs(60),
+        "free-a relapsed again",
+        |s| free_state(s) == "DRAINED",
+    );
+    let second = (0..100)
+        .find_map(|_| {
+            let s = saved_machine(&redis, "free-a").and_then(|s| cooldown_ms(&s));
+            if s.is_none_or(|c| c <= first) {
+                std::thread::sleep(Duration::from_millis(100));
+                return None;
+            }
+            s
+        })
+        .expect("a longer cool-down after the second relapse");
+    eprintln!(
+        "state saved again {resave_took:?} after Redis came back empty; cool-downs {first} ms, \
+         then {second} ms after the restart (base {base} ms)"
+    );
+    assert!(second >= 4 * base, "{second} ms");
+    drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
