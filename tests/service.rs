@@ -1664,7 +1664,10 @@ fn alerts_are_registry_framed_and_a_registry_aware_consumer_reads_them() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(read.len(), records.len(), "every alert deserialized");
+        // Alerts go on after the read above (the stopped gateway makes the
+        // channels silent): at least those, every one deserialized (the
+        // consumer exits 1 on any that does not).
+        assert!(read.len() >= records.len(), "every alert deserialized");
         assert!(
             read.iter().any(|r| r["key"] == "free-a"
                 && r["value"]["kind"] == "TRANSITION"

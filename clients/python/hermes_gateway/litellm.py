@@ -1,6 +1,8 @@
 """LiteLLM on Hermes: a ``CustomLogger`` that turns every attempt LiteLLM
-makes into one request event, and a routing strategy that makes LiteLLM's
-``Router`` pick deployments by Hermes' weights.
+makes into one request event, a routing strategy that makes LiteLLM's
+``Router`` pick deployments by Hermes' weights, and :data:`proxy_handler`,
+both in one callback the LiteLLM *Proxy* loads from its ``config.yaml``
+(``litellm_settings.callbacks``), configured by environment variables.
 
 Mapping (docs/integration.md#litellm):
 
@@ -10,7 +12,10 @@ Mapping (docs/integration.md#litellm):
   ``model_info.id`` (set it: LiteLLM otherwise makes up a hash).
 - The request's class is ``metadata["hermes_class"]`` (``interactive``,
   ``core``, ``batch``, ``experimental``, or a label mapped by
-  ``class_mapping``); CORE when absent.
+  ``class_mapping``), else the calling key's or team's metadata
+  ``hermes_class`` (the Proxy's ``user_api_key_metadata`` and
+  ``user_api_key_team_metadata``), else a request tag ``hermes_class:<class>``;
+  CORE when absent (see :func:`request_class`).
 - Bad answers, as Hermes defines them: finish reason ``length`` is a
   truncated answer (``truncated`` = true, ``finish_reason`` = LENGTH); an
   answer with no content and no tool call reports ``output_tokens`` = 0 (an
@@ -26,7 +31,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import socket
+import threading
 from datetime import datetime
 from typing import Any, Mapping
 
@@ -81,7 +89,31 @@ def _ms(t: Any) -> float | None:
 
 def _metadata(kwargs: Mapping[str, Any]) -> dict:
     params = kwargs.get("litellm_params") or {}
-    return dict(params.get("metadata") or kwargs.get("metadata") or {})
+    return dict(
+        params.get("metadata") or kwargs.get("metadata") or params.get("litellm_metadata")
+        or kwargs.get("litellm_metadata") or {}
+    )
+
+
+TAG_PREFIX = CLASS_KEY + ":"
+
+
+def request_class(metadata: Mapping[str, Any] | None, class_mapping: Mapping[str, str] | None = None,
+                  default: str | None = None) -> str:
+    """The Hermes class of a request, from what LiteLLM knows of it, first
+    found wins: the request's own ``metadata["hermes_class"]``; the calling
+    virtual key's metadata, then its team's (the Proxy copies them into
+    ``user_api_key_metadata`` and ``user_api_key_team_metadata``); a tag
+    ``hermes_class:<class>`` (request or key tags); else ``default``
+    (CORE when unset). Labels go through ``class_mapping``."""
+    m = metadata or {}
+    for source in (m, m.get("user_api_key_metadata"), m.get("user_api_key_team_metadata")):
+        if isinstance(source, Mapping) and source.get(CLASS_KEY):
+            return normalize_class(str(source[CLASS_KEY]), class_mapping)
+    for tag in m.get("tags") or ():
+        if isinstance(tag, str) and tag.startswith(TAG_PREFIX):
+            return normalize_class(tag[len(TAG_PREFIX):], class_mapping)
+    return normalize_class(default, class_mapping)
 
 
 def _content(response_obj: Any) -> tuple[str | None, str | None, bool]:
@@ -149,6 +181,7 @@ class HermesLogger(CustomLogger):
         self.gateway_id = gateway_id
         self.route_groups = dict(route_groups or {})
         self.class_mapping = dict(class_mapping or {})
+        self.default_class: str | None = None
         self.events = 0
 
     # LiteLLM calls the sync hooks for sync calls and the async ones for
@@ -178,7 +211,7 @@ class HermesLogger(CustomLogger):
         start, end = _ms(start_time), _ms(end_time)
         latency = (end - start) if start is not None and end is not None else 0.0
         fields: dict[str, Any] = {
-            "traffic_class": normalize_class(metadata.get(CLASS_KEY), self.class_mapping),
+            "traffic_class": request_class(metadata, self.class_mapping, self.default_class),
             "attempt": int(metadata.get("request_retry_count") or metadata.get("attempted_retries") or 0),
             "input_tokens": int(slo.get("prompt_tokens") or 0),
             "cost": float(slo.get("response_cost") or 0.0),
@@ -230,8 +263,8 @@ class HermesLogger(CustomLogger):
 class HermesRouting(CustomRoutingStrategyBase):
     """Picks a deployment of the requested model group by Hermes' weights
     for the request's class. Register it with
-    ``router.set_custom_routing_strategy(HermesRouting(router, ...))``
-    (``register_plugin`` in newer LiteLLM).
+    ``router.register_plugin(HermesRouting(router, ...))`` (LiteLLM before
+    1.110: ``router.set_custom_routing_strategy``).
 
     ``static`` is the table used until Hermes' first snapshot: model group
     -> {channel: weight} (``*`` for every group); without one, LiteLLM's
@@ -298,9 +331,9 @@ class HermesRouting(CustomRoutingStrategyBase):
         deployments = self._deployments(model)
         if not deployments:
             raise ValueError(f"no deployment for model group {model}")
-        metadata = dict((request_kwargs or {}).get("metadata") or {})
+        metadata = _metadata(request_kwargs or {})
         reader = self.reader(model, deployments)
-        cls = normalize_class(metadata.get(CLASS_KEY), self.class_mapping)
+        cls = request_class(metadata, self.class_mapping)
         tried = {str(p.get("deployment_id")) for p in metadata.get("previous_models") or () if isinstance(p, Mapping)}
         by_channel = {deployment_channel(d): d for d in deployments}
         pick = reader.pick(cls)
@@ -350,3 +383,177 @@ class HermesRouting(CustomRoutingStrategyBase):
     def close(self) -> None:
         for r in self.readers.values():
             r.close()
+
+
+def _env_json(env: Mapping[str, str], name: str) -> dict:
+    raw = env.get(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{name} is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return value
+
+
+class HermesProxy(HermesLogger):
+    """Hermes for the LiteLLM Proxy, as one callback in its ``config.yaml``::
+
+        litellm_settings:
+          callbacks: ["hermes_gateway.litellm.proxy_handler"]
+
+    It reports every attempt the Proxy makes (retries and fallbacks
+    included, streamed answers once complete) and narrows each pick to one
+    deployment by Hermes' weights for the request's class
+    (``async_filter_deployments``, which LiteLLM's router runs for every
+    callback that overrides it). A retry avoids the deployments that
+    already failed the request while another has weight. Until Hermes'
+    first snapshot it leaves LiteLLM's own routing alone; when Redis or
+    Hermes is away it keeps the last snapshot (stale beats empty). A
+    request the weights shed, or whose class no deployment may serve, is
+    refused with :class:`HermesRefused` (HTTP 429) and reported as demand.
+
+    Each Proxy worker process builds its own producer and reader on first
+    use, so ``--num_workers`` and forking servers work. Settings, from the
+    environment (:meth:`from_env`):
+
+    - ``HERMES_BOOTSTRAP_SERVERS`` (required): Kafka for the request events;
+      ``HERMES_REQUEST_TOPIC`` (``hermes.requests``),
+      ``HERMES_SCHEMA_REGISTRY_URL`` (optional: Confluent framing).
+    - ``HERMES_REDIS_URL`` (required): where Hermes publishes weights.
+    - ``HERMES_GATEWAY_ID`` (``litellm-proxy-<host>-<pid>``).
+    - ``HERMES_ROUTE_GROUPS``: JSON, model group -> route group when they
+      differ; ``HERMES_CLASS_MAPPING``: JSON, your labels -> Hermes classes;
+      ``HERMES_DEFAULT_CLASS`` (``core``).
+    - ``HERMES_STALE_AFTER_MS`` (30000), ``HERMES_REFRESH_S`` (5).
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str | None,
+        redis_url: str | None,
+        topic: str = "hermes.requests",
+        schema_registry_url: str | None = None,
+        gateway_id: str | None = None,
+        route_groups: Mapping[str, str] | None = None,
+        class_mapping: Mapping[str, str] | None = None,
+        default_class: str | None = None,
+        stale_after_ms: int = 30_000,
+        refresh_s: float = 5.0,
+    ):
+        super().__init__(None, gateway_id or "", route_groups=route_groups, class_mapping=class_mapping)
+        self.default_class = default_class
+        self.bootstrap_servers = bootstrap_servers
+        self.redis_url = redis_url
+        self.topic = topic
+        self.schema_registry_url = schema_registry_url
+        self.fixed_gateway_id = gateway_id
+        self.stale_after_ms = stale_after_ms
+        self.refresh_s = refresh_s
+        self.readers: dict[str, WeightReader] = {}
+        self.refused = 0
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "HermesProxy":
+        e = os.environ if env is None else env
+        return cls(
+            bootstrap_servers=e.get("HERMES_BOOTSTRAP_SERVERS"),
+            redis_url=e.get("HERMES_REDIS_URL"),
+            topic=e.get("HERMES_REQUEST_TOPIC", "hermes.requests"),
+            schema_registry_url=e.get("HERMES_SCHEMA_REGISTRY_URL") or None,
+            gateway_id=e.get("HERMES_GATEWAY_ID") or None,
+            route_groups=_env_json(e, "HERMES_ROUTE_GROUPS"),
+            class_mapping=_env_json(e, "HERMES_CLASS_MAPPING"),
+            default_class=e.get("HERMES_DEFAULT_CLASS") or None,
+            stale_after_ms=int(e.get("HERMES_STALE_AFTER_MS", "30000")),
+            refresh_s=float(e.get("HERMES_REFRESH_S", "5")),
+        )
+
+    def _ensure(self) -> bool:
+        """This process's producer and readers (a forked worker builds its
+        own). False while the required settings are missing."""
+        if self._pid == os.getpid():
+            return True
+        with self._lock:
+            if self._pid == os.getpid():
+                return True
+            if not self.bootstrap_servers or not self.redis_url:
+                log.error("hermes: HERMES_BOOTSTRAP_SERVERS and HERMES_REDIS_URL must be set; not routing by Hermes")
+                return False
+            self.emitter = EventEmitter(self.bootstrap_servers, self.topic,
+                                        schema_registry_url=self.schema_registry_url)
+            self.gateway_id = self.fixed_gateway_id or f"litellm-proxy-{socket.gethostname()}-{os.getpid()}"
+            self.readers = {}
+            self._pid = os.getpid()
+            return True
+
+    def _emit(self, kwargs, response_obj, start_time, end_time, *, failed: bool) -> None:
+        if self._ensure():
+            super()._emit(kwargs, response_obj, start_time, end_time, failed=failed)
+
+    def reader(self, model: str, deployments: list) -> WeightReader:
+        reader = self.readers.get(model)
+        if reader is None:
+            reader = WeightReader(
+                self.redis_url,
+                self.route_groups.get(model, model),
+                known_channels={deployment_channel(d) for d in deployments},
+                class_mapping=self.class_mapping,
+                stale_after_ms=self.stale_after_ms,
+                refresh_s=self.refresh_s,
+            )
+            self.readers[model] = reader
+        return reader
+
+    async def async_filter_deployments(self, model, healthy_deployments, messages=None, request_kwargs=None,
+                                       parent_otel_span=None):
+        if not healthy_deployments or not self._ensure():
+            return healthy_deployments
+        reader = self.reader(model, healthy_deployments)
+        if reader.routes().source != "snapshot":
+            # Before Hermes' first snapshot: LiteLLM's own routing.
+            return healthy_deployments
+        request = request_kwargs or {}
+        metadata = _metadata(request)
+        cls = request_class(metadata, self.class_mapping, self.default_class)
+        failed = {str(i) for key in ("_retry_skipped_deployment_ids", "_excluded_deployment_ids")
+                  for i in (request.get(key) or ())}
+        failed |= {str(p.get("deployment_id")) for p in metadata.get("previous_models") or ()
+                   if isinstance(p, Mapping)}
+        by_channel = {deployment_channel(d): d for d in healthy_deployments}
+        avoid = {c for c, d in by_channel.items() if str((d.get("model_info") or {}).get("id")) in failed}
+        pick = reader.pick_among(cls, set(by_channel), avoid)
+        if pick.outcome == "SENT":
+            return [by_channel[pick.channel]]
+        self.refused += 1
+        self._report_unsent(model, cls, pick.outcome, reader)
+        raise HermesRefused(pick.outcome, model, cls)
+
+    def _report_unsent(self, model: str, cls: str, outcome: str, reader: WeightReader) -> None:
+        weights = reader.routes().weights.get(cls)
+        channel = weights.pick(random.random()) if weights else min(reader.known_channels, default=None)
+        if channel is None:
+            return
+        self.emitter.emit(
+            attempt(
+                channel_id=channel,
+                route_group=self.route_groups.get(model, model),
+                model=model,
+                gateway_id=self.gateway_id,
+                error_class="NONE",
+                latency_ms=0,
+                traffic_class=cls,
+                dispatch="SHED" if outcome == "SHED" else "NO_CHANNEL",
+            )
+        )
+
+
+#: The callback the LiteLLM Proxy loads (``litellm_settings.callbacks:
+#: ["hermes_gateway.litellm.proxy_handler"]``), configured by environment
+#: variables (:class:`HermesProxy`). Nothing connects before its first use.
+proxy_handler = HermesProxy.from_env()

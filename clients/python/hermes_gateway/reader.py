@@ -85,6 +85,14 @@ class WeightReader:
             u_shed, u = self._rng.random(), self._rng.random()
         return self.routes().pick(cls, u_shed, u)
 
+    def pick_among(self, label: str | None, allowed, avoid=()) -> Pick:
+        """:meth:`pick` among the channels in ``allowed``, avoiding those in
+        ``avoid`` while another has weight (a retry)."""
+        cls = normalize_class(label, self.class_mapping)
+        with self._lock:
+            u_shed, u = self._rng.random(), self._rng.random()
+        return self.routes().pick_among(cls, u_shed, u, allowed, avoid)
+
     def status(self) -> dict:
         now = int(time.time() * 1000)
         routes = self.routes()

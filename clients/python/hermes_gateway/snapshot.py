@@ -151,6 +151,21 @@ class Routes:
             return Pick("NO_CHANNEL", None, self.source)
         return Pick("SENT", w.pick(u), self.source)
 
+    def pick_among(self, cls: str, u_shed: float, u: float, allowed, avoid=()) -> Pick:
+        """:meth:`pick` restricted to the channels in ``allowed`` (the ones
+        the gateway can send to now), preferring those not in ``avoid`` (the
+        ones that already failed this request) while one of them has
+        weight."""
+        if u_shed < self.shed.get(cls, 0.0):
+            return Pick("SHED", None, self.source)
+        w = self.weights.get(cls)
+        shares = w.shares() if w else {}
+        for keep in (lambda c: c in allowed and c not in avoid, lambda c: c in allowed):
+            left = {c: s for c, s in shares.items() if keep(c)}
+            if left:
+                return Pick("SENT", Weights(left).pick(u), self.source)
+        return Pick("NO_CHANNEL", None, self.source)
+
     def distribution(self, cls: str) -> dict[str, float]:
         """The exact share of requests of ``cls`` each outcome gets: channel
         ids, ``SHED`` and ``NO_CHANNEL``."""

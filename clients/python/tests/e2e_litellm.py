@@ -104,7 +104,7 @@ class Run:
             emitter=self.emitter, gateway_id="litellm-e2e",
             stale_after_ms=6_000, refresh_s=1.0,
         )
-        self.router.set_custom_routing_strategy(self.routing)
+        self.router.register_plugin(self.routing)
         self.results: list[tuple[float, bool]] = []  # (finished at, succeeded)
         self.stop = asyncio.Event()
         self.report: dict = {}

@@ -48,7 +48,7 @@ def world():
     logger = HermesLogger(rec, "gw-test")
     litellm.callbacks = [logger]
     routing = HermesRouting(router, f"redis://127.0.0.1:{closed_port()}/", emitter=rec, gateway_id="gw-test")
-    router.set_custom_routing_strategy(routing)
+    router.register_plugin(routing)
     yield ups, router, rec, routing
     litellm.callbacks = []
     routing.close()
