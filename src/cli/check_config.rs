@@ -11,6 +11,11 @@ pub struct Args {
     /// skip the checks only `hermes run` makes (brokers, Redis URL).
     #[arg(long)]
     engine_only: bool,
+    /// The gateway's own config (a LiteLLM config.yaml): warn about each
+    /// deployment Hermes does not know and each channel the gateway never
+    /// sends to.
+    #[arg(long, value_name = "CONFIG_YAML")]
+    gateway: Option<PathBuf>,
 }
 
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
@@ -36,6 +41,21 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         eprintln!("{}: warning: {w}", file.display());
     }
     let cfg = parsed.policy;
+    if let Some(gw) = &a.gateway {
+        match super::litellm_config::read(gw) {
+            Ok(deployments) => {
+                for w in super::litellm_config::compare(&deployments, &cfg) {
+                    eprintln!("{}: warning: {w}", gw.display());
+                }
+            }
+            Err(problems) => {
+                for p in problems {
+                    eprintln!("{}: {p}", gw.display());
+                }
+                return Ok(ExitCode::from(2));
+            }
+        }
+    }
     println!(
         "{}: ok ({} route groups, {} channels)",
         file.display(),

@@ -3,11 +3,13 @@
 //! and turns an error into the exit-code convention.
 
 mod bench;
+mod catalogue;
 mod check_config;
 mod control_client;
 mod ctl;
 mod demo;
 mod gateways;
+mod litellm_config;
 mod replay;
 mod report;
 mod run;
@@ -58,6 +60,9 @@ enum Command {
     /// Validate a config file as `hermes run` would; every problem is
     /// listed with the key at fault.
     CheckConfig(check_config::Args),
+    /// Write the route groups and channels of hermes.toml from a gateway's
+    /// own config (a LiteLLM config.yaml): one catalogue, not two.
+    Catalogue(catalogue::Args),
     /// Run the whole loop on this machine with nothing installed: an
     /// in-process Kafka mock cluster, simulated gateways producing Avro
     /// events (a fault after a minute), the engine and scheduler consuming
@@ -98,6 +103,7 @@ pub fn main() -> ExitCode {
         Command::Report(a) => report::run(a),
         Command::Ctl(a) => ctl::run(a),
         Command::CheckConfig(a) => check_config::run(a),
+        Command::Catalogue(a) => catalogue::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Gateways(a) => gateways::run(a),
         Command::Simulate(a) => simulate::run(a),
