@@ -84,8 +84,14 @@ capacity_rps = 100.0
     )
 }
 
+/// The Python that runs the gateway side: `.ci/run`'s virtual environment
+/// with the library's wheel installed, else `python3` with this checkout's.
+fn python() -> String {
+    std::env::var("HERMES_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 fn have_litellm() -> bool {
-    Command::new("python3")
+    Command::new(python())
         .args([
             "-c",
             "import litellm, confluent_kafka.schema_registry.avro, redis, jsonschema",
@@ -121,7 +127,7 @@ fn litellm_routes_around_a_sick_deployment_by_hermes_weights_and_keeps_routing_w
         env!("CARGO_MANIFEST_DIR"),
         "/clients/python/tests/e2e_litellm.py"
     );
-    let out = Command::new("python3")
+    let out = Command::new(python())
         .arg(script)
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .env("HERMES_E2E_BOOTSTRAP", kafka.bootstrap())

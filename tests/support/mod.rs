@@ -154,6 +154,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The server's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Starts (again) on the same port and directory: with its data when
     /// persistent, empty otherwise.
     pub fn restart(&mut self) {

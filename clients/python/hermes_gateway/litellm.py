@@ -4,7 +4,7 @@ makes into one request event, a routing strategy that makes LiteLLM's
 both in one callback the LiteLLM *Proxy* loads from its ``config.yaml``
 (``litellm_settings.callbacks``), configured by environment variables.
 
-Mapping (docs/integration.md#litellm):
+Mapping (docs/integration.md#the-litellm-proxy):
 
 - A LiteLLM **model group** (``model_name`` in the model list) is a Hermes
   **route group** (``route_groups`` renames them); a **deployment** is a

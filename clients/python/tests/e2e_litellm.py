@@ -28,7 +28,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+try:
+    import hermes_gateway  # noqa: F401  (installed: CI tests the wheel)
+except ImportError:
+    sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -3,8 +3,9 @@ upstream on a loopback port, whose behaviour a test switches at run time.
 
 Modes: ``healthy`` (a complete answer, finish_reason ``stop``),
 ``truncated`` (HTTP 200, a few tokens, finish_reason ``length``: the silent
-failure Hermes exists for), ``down`` (HTTP 500). Streaming requests get
-server-sent events with the same content.
+failure Hermes exists for), ``down`` (HTTP 500), ``slow`` (a complete
+answer after ``slow_s``). Streaming requests get server-sent events with
+the same content.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ SHORT = "The"
 
 
 class FakeUpstream:
-    def __init__(self, name: str):
+    def __init__(self, name: str, port: int = 0, slow_s: float = 4.0):
         self.name = name
+        self.slow_s = slow_s
         self.mode = "healthy"
         self.lock = threading.Lock()
         self.served = 0
@@ -50,6 +52,8 @@ class FakeUpstream:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                if mode == "slow":
+                    time.sleep(upstream.slow_s)
                 text, finish = (SHORT, "length") if mode == "truncated" else (FULL, "stop")
                 words = len(text.split())
                 usage = {"prompt_tokens": 12, "completion_tokens": words, "total_tokens": 12 + words}
@@ -80,7 +84,7 @@ class FakeUpstream:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"

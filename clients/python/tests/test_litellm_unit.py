@@ -139,3 +139,58 @@ def test_a_shed_class_is_refused_and_reported_as_demand(world):
     assert sum(u.served for u in ups.values()) == served, "nothing sent"
     shed = [e for e in rec.events if e["dispatch"] == "SHED"]
     assert shed and shed[0]["traffic_class"] == "INTERACTIVE" and shed[0]["channel_id"] == "paid-a"
+
+
+def test_a_request_class_comes_from_the_request_then_the_key_then_the_team_then_a_tag():
+    from hermes_gateway.litellm import request_class
+
+    assert request_class({"hermes_class": "batch"}) == "BATCH"
+    assert request_class({"user_api_key_metadata": {"hermes_class": "interactive"}}) == "INTERACTIVE"
+    assert request_class({"user_api_key_team_metadata": {"hermes_class": "experimental"}}) == "EXPERIMENTAL"
+    assert request_class({"tags": ["team-x", "hermes_class:batch"]}) == "BATCH"
+    assert request_class({}, default="batch") == "BATCH"
+    assert request_class(None) == "CORE"
+    assert request_class({"hermes_class": "gold"}, {"gold": "interactive"}) == "INTERACTIVE"
+    both = {"hermes_class": "core", "user_api_key_metadata": {"hermes_class": "batch"}}
+    assert request_class(both) == "CORE", "the request's own word wins"
+
+
+def test_the_proxy_callback_narrows_each_pick_to_hermes_choice():
+    from hermes_gateway.litellm import HermesProxy
+
+    class Sink:
+        def __init__(self):
+            self.events = []
+
+        def emit(self, e):
+            self.events.append(e)
+
+    proxy = HermesProxy(bootstrap_servers=f"127.0.0.1:{closed_port()}",
+                        redis_url=f"redis://127.0.0.1:{closed_port()}/", gateway_id="proxy-test")
+    assert proxy._ensure()
+    proxy.emitter.close(0)  # no broker here: events go to the sink
+    proxy.emitter = Sink()
+    deployments = [{"model_name": "chat", "model_info": {"id": c}} for c in ("free-a", "paid-a", "paid-b")]
+    ids = lambda out: [d["model_info"]["id"] for d in out]  # noqa: E731
+
+    def pick(request=None):
+        return asyncio.run(proxy.async_filter_deployments("chat", deployments, None, request or {}))
+
+    # Before Hermes' first snapshot LiteLLM routes as it would alone.
+    assert pick() == deployments
+    proxy.reader("chat", deployments).offer(snapshot({"free-a": 0.0, "paid-a": 1.0, "paid-b": 0.0}))
+    assert all(ids(pick()) == ["paid-a"] for _ in range(20))
+    # A retry avoids the deployment that failed while another has weight.
+    proxy.readers["chat"].offer(snapshot({"free-a": 0.0, "paid-a": 0.5, "paid-b": 0.5}, version=2))
+    retry = {"_retry_skipped_deployment_ids": ["paid-a"]}
+    assert all(ids(pick(retry)) == ["paid-b"] for _ in range(20))
+    # Only what LiteLLM still offers (its own cool-down may have taken one).
+    offered = asyncio.run(proxy.async_filter_deployments("chat", deployments[:2], None, {}))
+    assert ids(offered) == ["paid-a"]
+    # A class the weights shed is refused and reported as demand.
+    with pytest.raises(HermesRefused):
+        pick({"metadata": {"hermes_class": "interactive"}})
+    assert proxy.emitter.events[-1]["dispatch"] == "SHED"
+    assert proxy.emitter.events[-1]["traffic_class"] == "INTERACTIVE"
+    for r in proxy.readers.values():
+        r.close()
