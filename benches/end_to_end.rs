@@ -6,7 +6,7 @@
 //! it: the request loop decoding, deduplicating and applying every record,
 //! committing, emitting health reports; the group writer planning and
 //! publishing to an in-process store). Reports the rates and the ratios
-//! (service / bare: issue #12's figure; service / decoding consumer: what
+//! (service / bare: the end-to-end figure of docs/performance.md; service / decoding consumer: what
 //! Hermes adds beyond decoding), for each of `--rounds` rounds (the three
 //! readers in turn, each in a consumer group of its own) and their medians:
 //! the bare consumer alone varies by 1.2-2.1 M records/s from one read to

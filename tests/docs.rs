@@ -263,6 +263,39 @@ fn no_tracked_file_reads_like_a_work_diary() {
     );
 }
 
+/// Tests and benchmarks cite the design (docs/, incidents), never the
+/// tracker's issue numbers: an issue closes, the test stays.
+#[test]
+fn tests_and_benchmarks_cite_no_issue_numbers() {
+    let mut hits = Vec::new();
+    for f in tracked() {
+        let r = rel(&f);
+        let code = r.starts_with("tests/") || r.starts_with("benches/");
+        if !code || r.starts_with("tests/goldens/") {
+            continue;
+        }
+        let Some(body) = text(&f) else { continue };
+        for (n, line) in body.lines().enumerate() {
+            let lower = line.to_lowercase();
+            // The word followed by a number (with or without a hash), or a
+            // hash, digits, then a possessive or "item".
+            let cited = lower.match_indices("issue").any(|(i, w)| {
+                let after = lower[i + w.len()..].trim_start_matches(['s', ' ', '#']);
+                after.chars().next().is_some_and(|c| c.is_ascii_digit())
+            }) || lower.match_indices('#').any(|(i, _)| {
+                let after = &lower[i + 1..];
+                let digits = after.chars().take_while(|c| c.is_ascii_digit()).count();
+                digits > 0
+                    && (after[digits..].starts_with("'s") || after[digits..].starts_with(" item"))
+            });
+            if cited {
+                hits.push(format!("{r}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(hits.is_empty(), "issue numbers in tests:\n{}", hits.join("\n"));
+}
+
 #[test]
 fn the_compose_readme_names_every_service_and_port() {
     let compose = text(&root().join("compose/docker-compose.yml")).unwrap();

@@ -1132,7 +1132,7 @@ fn redis_down_for_ten_seconds_hermes_keeps_consuming_and_republishes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// docs/decisions.md#safety-rails / issue #11: dependencies come and go. Hermes started before its
+/// docs/decisions.md#safety-rails: dependencies come and go. Hermes started before its
 /// broker keeps running, says on `/readyz` why it is not ready, logs the
 /// outage once rather than per retry, and becomes ready and consumes once
 /// the broker is up.
@@ -1237,7 +1237,7 @@ fn a_drained_channel_alone_on_its_partition_gets_its_probation_while_others_are_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// docs/decisions.md#safety-rails / issue #11: a Schema Registry outage delays, it never
+/// docs/decisions.md#safety-rails: a Schema Registry outage delays, it never
 /// discards. Confluent-framed events whose schema id Hermes has not cached
 /// arrive while the registry answers 503 for 20 s: their partitions pause
 /// at the first such record (readiness says why), and once the registry is
@@ -1321,7 +1321,7 @@ fn a_schema_registry_outage_delays_framed_events_and_loses_none() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue #14 item 5: missing topics are a reason on `/readyz` that names
+/// docs/operating.md: missing topics are a reason on `/readyz` that names
 /// them, not a silent stall; with `kafka.create_topics = true` Hermes
 /// creates them and runs.
 #[test]
@@ -1399,7 +1399,7 @@ fn hermes_cli(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// #13's "done when": an operator drains a channel from the CLI, sees it in
+/// docs/operating.md#steering-pins-and-freezes: an operator drains a channel from the CLI, sees it in
 /// `hermes status` (from Redis, no instance asked) and on the instance's
 /// metrics, the OVERRIDE alert names who and why, the drain holds across a
 /// restart of the only instance, and clearing it gives the channel back.
@@ -1557,7 +1557,7 @@ fn an_operator_drains_a_channel_from_the_cli_and_it_survives_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// #14 item 1: with a registry configured Hermes registers both schemas
+/// docs/integration.md: with a registry configured Hermes registers both schemas
 /// under their TopicNameStrategy subjects at start and writes every alert
 /// Confluent-framed with the registered id; a registry-aware consumer
 /// (Python confluent-kafka's AvroDeserializer against the registry) and
@@ -1682,7 +1682,7 @@ fn alerts_are_registry_framed_and_a_registry_aware_consumer_reads_them() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// #14 item 4's traffic source: `hermes gateways` produces a scenario's
+/// The compose stack's traffic source: `hermes gateways` produces a scenario's
 /// traffic to a real broker and routes by the weights Hermes publishes in
 /// Redis; the scenario's fault drains its channel, and the gateways follow.
 #[test]
