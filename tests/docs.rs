@@ -293,7 +293,11 @@ fn tests_and_benchmarks_cite_no_issue_numbers() {
             }
         }
     }
-    assert!(hits.is_empty(), "issue numbers in tests:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "issue numbers in tests:\n{}",
+        hits.join("\n")
+    );
 }
 
 #[test]

@@ -88,7 +88,7 @@ impl DeadLetterRule {
                 route_group: "*".into(),
                 channel_id: None,
                 kind: AlertKind::DecodeErrorSpike,
-                severity: Severity::P2,
+                severity: super::contract::DECODE_ERROR_SPIKE,
                 from_state: None,
                 to_state: None,
                 reason: format!("dead_letters(reason={reason},share={share:.3})"),

@@ -6,12 +6,16 @@
 //! upstream unavailable) are deduplicated per (channel, kind) within
 //! `alerts.dedup_window_ms` of event time.
 //!
-//! Severity, from the seeds: a drain with error rate above 2 % together
-//! with P99 above 800 ms is P1; P99 above 800 ms alone is P2; oscillation is
-//! P2; more than 6 consecutive probe failures is P1 "upstream unavailable".
-//! A drain on the consecutive-failure fast path is P1 (the channel is down,
-//! not slow). A move to AT_RISK is P3: Hermes lowered the channel's weight
-//! and keeps watching, a ticket rather than a page.
+//! Severity, from the seeds and [`SEVERITIES`] (the contract
+//! docs/operating.md's table is generated from): a drain with error rate
+//! above 2 % together with P99 above 800 ms is P1, and so is a drain on the
+//! consecutive-failure fast path (the channel is down, not slow); every
+//! other drain is P2: a channel left service, for bad answers as much as
+//! for latency, and someone must know. Oscillation is P2; more than 6
+//! consecutive probe failures is P1 "upstream unavailable". A move to
+//! AT_RISK is P3: Hermes lowered the channel's weight and keeps watching, a
+//! ticket rather than a page. An operator's override is INFO: the audit
+//! trail of what someone did on purpose.
 //!
 //! # One page per incident (docs/decisions.md#safety-rails)
 //! P1 and P2 page someone. A channel's first page opens an *incident*;
@@ -62,6 +66,68 @@ avro_enum! {
         Info => "INFO",
     }
 }
+
+/// The severity of each alert Hermes raises: the code raises them by these
+/// names, and [`SEVERITIES`] lists them with when they apply.
+pub mod contract {
+    use super::Severity;
+    /// A move to AT_RISK.
+    pub const AT_RISK: Severity = Severity::P3;
+    /// A drain on N consecutive hard failures: the channel is down.
+    pub const DRAIN_HARD: Severity = Severity::P1;
+    /// A drain with errors and latency both above their page bounds.
+    pub const DRAIN_ERRORS_AND_SLOW: Severity = Severity::P1;
+    /// Any other drain (bad answers, latency, a relapse): a channel left
+    /// service.
+    pub const DRAIN: Severity = Severity::P2;
+    /// Weight given back: OBSERVING, RECOVERING, HEALTHY, a recovery step.
+    pub const BACK: Severity = Severity::Info;
+    /// An operator's pin or freeze.
+    pub const OVERRIDE: Severity = Severity::Info;
+    pub const OSCILLATION: Severity = Severity::P2;
+    pub const UPSTREAM_UNAVAILABLE: Severity = Severity::P1;
+    pub const RATE_LIMIT_SPIKE: Severity = Severity::P2;
+    pub const QUOTA_FORECAST: Severity = Severity::P2;
+    pub const SILENT_CHANNEL: Severity = Severity::P2;
+    pub const DECODE_ERROR_SPIKE: Severity = Severity::P2;
+    pub const CORRELATED_FAILURE: Severity = Severity::P1;
+    pub const CORRELATED_FAILURE_ENDED: Severity = Severity::Info;
+    pub const PARTITION_SPLIT: Severity = Severity::P3;
+    /// Any other alert of a channel while its incident is open (one page
+    /// per incident; see the module doc).
+    pub const WITHIN_AN_INCIDENT: Severity = Severity::P3;
+}
+
+/// One row of the severity contract.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SeverityRule {
+    pub kind: AlertKind,
+    pub when: &'static str,
+    pub severity: Severity,
+}
+
+/// Every alert Hermes raises, when, and its severity: P1 and P2 page, P3
+/// is a ticket, INFO the audit trail. docs/operating.md's table is
+/// generated from this list and the alert tests hold the code to it.
+pub const SEVERITIES: &[SeverityRule] = &[
+    SeverityRule { kind: AlertKind::Transition, when: "a channel goes AT_RISK (weight × 0.3; Hermes keeps watching)", severity: contract::AT_RISK },
+    SeverityRule { kind: AlertKind::Transition, when: "a drain on N consecutive hard failures (the channel is down)", severity: contract::DRAIN_HARD },
+    SeverityRule { kind: AlertKind::Transition, when: "a drain with the error rate above `alerts.p1_error_rate` and the P99 above `alerts.p1_p99_ms`", severity: contract::DRAIN_ERRORS_AND_SLOW },
+    SeverityRule { kind: AlertKind::Transition, when: "any other drain: bad answers (truncated, garbled, schema-invalid, empty), latency, a relapse on probation", severity: contract::DRAIN },
+    SeverityRule { kind: AlertKind::Transition, when: "weight given back: OBSERVING, RECOVERING, HEALTHY", severity: contract::BACK },
+    SeverityRule { kind: AlertKind::WeightChange, when: "a recovery step", severity: contract::BACK },
+    SeverityRule { kind: AlertKind::Override, when: "an operator's pin or freeze applied or released (the message names who and why)", severity: contract::OVERRIDE },
+    SeverityRule { kind: AlertKind::Oscillation, when: "the second relapse after re-admission within the hour, once per episode", severity: contract::OSCILLATION },
+    SeverityRule { kind: AlertKind::UpstreamUnavailable, when: "more than `alerts.probe_failures_p1` consecutive probe failures", severity: contract::UPSTREAM_UNAVAILABLE },
+    SeverityRule { kind: AlertKind::RateLimitSpike, when: "over `alerts.rate_limit_spike` of a channel's attempts got 429", severity: contract::RATE_LIMIT_SPIKE },
+    SeverityRule { kind: AlertKind::QuotaForecast, when: "the quota runs out within `alerts.quota_alert_ms` at the current burn", severity: contract::QUOTA_FORECAST },
+    SeverityRule { kind: AlertKind::SilentChannel, when: "no events while it has weight, longer than its own traffic makes likely", severity: contract::SILENT_CHANNEL },
+    SeverityRule { kind: AlertKind::DecodeErrorSpike, when: "one dead-letter reason reaches `alerts.dead_letter_share` of the records read", severity: contract::DECODE_ERROR_SPIKE },
+    SeverityRule { kind: AlertKind::CorrelatedFailure, when: "a group enters panic mode (a correlated failure)", severity: contract::CORRELATED_FAILURE },
+    SeverityRule { kind: AlertKind::CorrelatedFailure, when: "it ends", severity: contract::CORRELATED_FAILURE_ENDED },
+    SeverityRule { kind: AlertKind::PartitionSplit, when: "a channel's events reach more than one request partition (once an hour per channel)", severity: contract::PARTITION_SPLIT },
+    SeverityRule { kind: AlertKind::Other, when: "any other alert of a channel while its incident is open, past its page and one escalation", severity: contract::WITHIN_AN_INCIDENT },
+];
 
 /// One alert, as published on `hermes.alerts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,7 +296,7 @@ impl AlertRules {
                     inc.escalated = true;
                     severity
                 } else {
-                    Severity::P3
+                    contract::WITHIN_AN_INCIDENT
                 }
             }
         }
@@ -256,7 +322,7 @@ impl AlertRules {
     /// Severity of a move to a worse state, from the signals behind it.
     pub fn degradation_severity(&self, reason: &TransitionReason, signals: &Signals) -> Severity {
         if matches!(reason, TransitionReason::ConsecutiveFailures { .. }) {
-            return Severity::P1;
+            return contract::DRAIN_HARD;
         }
         let p99_high = signals
             .latency
@@ -264,10 +330,10 @@ impl AlertRules {
         let errors_high = signals
             .error_rate
             .is_some_and(|e| e > self.cfg.p1_error_rate);
-        match (errors_high, p99_high) {
-            (true, true) => Severity::P1,
-            (_, true) => Severity::P2,
-            _ => Severity::P3,
+        if errors_high && p99_high {
+            contract::DRAIN_ERRORS_AND_SLOW
+        } else {
+            contract::DRAIN
         }
     }
 
@@ -282,17 +348,17 @@ impl AlertRules {
         let worse = |k: StateKind| matches!(k, StateKind::AtRisk | StateKind::Drained);
         let (kind, severity) = match change.reason {
             TransitionReason::PinApplied | TransitionReason::PinReleased => {
-                (AlertKind::Override, Severity::P3)
+                (AlertKind::Override, contract::OVERRIDE)
             }
-            TransitionReason::RecoveryStep { .. } => (AlertKind::WeightChange, Severity::Info),
+            TransitionReason::RecoveryStep { .. } => (AlertKind::WeightChange, contract::BACK),
             _ if change.to == StateKind::AtRisk && change.from != StateKind::AtRisk => {
-                (AlertKind::Transition, Severity::P3)
+                (AlertKind::Transition, contract::AT_RISK)
             }
             _ if worse(change.to) && change.from != StateKind::Drained => (
                 AlertKind::Transition,
                 self.degradation_severity(&change.reason, signals),
             ),
-            _ => (AlertKind::Transition, Severity::Info),
+            _ => (AlertKind::Transition, contract::BACK),
         };
         let severity = self.page(who.index, kind, severity);
         let message = if change.is_transition() {
@@ -346,7 +412,7 @@ impl AlertRules {
             route_group: group.to_string(),
             channel_id: None,
             kind: AlertKind::Override,
-            severity: Severity::P3,
+            severity: contract::OVERRIDE,
             from_state: None,
             to_state: None,
             reason: format!("manual_mode(on={on})"),
@@ -379,7 +445,7 @@ impl AlertRules {
             route_group: group.to_string(),
             channel_id: Some(channel.to_string()),
             kind: AlertKind::PartitionSplit,
-            severity: Severity::P3,
+            severity: contract::PARTITION_SPLIT,
             from_state: None,
             to_state: None,
             reason: format!("partitions={list}"),
@@ -412,7 +478,7 @@ impl AlertRules {
                 displaced_rps,
                 room_rps,
             } => (
-                Severity::P1,
+                contract::CORRELATED_FAILURE,
                 format!("correlated_failure(bad_share={bad_share:.2}, channels={bad_channels})"),
                 format!(
                     "group {group}: {bad_channels} channels carrying {:.0} % of its capacity \
@@ -424,7 +490,7 @@ impl AlertRules {
                 ),
             ),
             SafetyChange::Ended { lasted_ms } => (
-                Severity::Info,
+                contract::CORRELATED_FAILURE_ENDED,
                 format!("correlated_failure_ended(lasted_ms={lasted_ms})"),
                 format!(
                     "group {group}: the correlated failure ended after {} s; channels are \
@@ -506,7 +572,7 @@ impl AlertRules {
                 self.alarm(
                     who,
                     AlertKind::RateLimitSpike,
-                    Severity::P2,
+                    contract::RATE_LIMIT_SPIKE,
                     now_ms,
                     format!("rate_limited_rate={r:.3}"),
                     format!(
@@ -524,7 +590,7 @@ impl AlertRules {
                 self.alarm(
                     who,
                     AlertKind::QuotaForecast,
-                    Severity::P2,
+                    contract::QUOTA_FORECAST,
                     now_ms,
                     format!("quota_exhausted_in_ms={ms}"),
                     format!(
@@ -552,7 +618,7 @@ impl AlertRules {
             self.alarm(
                 who,
                 AlertKind::UpstreamUnavailable,
-                Severity::P1,
+                contract::UPSTREAM_UNAVAILABLE,
                 now_ms,
                 format!("consecutive_probe_failures(n={streak})"),
                 format!(
@@ -624,13 +690,15 @@ mod tests {
             &signals(0.001, 900.0),
         );
         assert_eq!(a.severity, Severity::P2);
+        // A drain with neither bound crossed (silent truncation: normal
+        // status and latency) still pages: a channel left service.
         let a = rules().on_change(
             &who(),
             &change(drain, StateKind::Drained),
             None,
-            &signals(0.05, 300.0),
+            &signals(0.005, 300.0),
         );
-        assert_eq!(a.severity, Severity::P3);
+        assert_eq!(a.severity, Severity::P2);
         let fast = TransitionReason::ConsecutiveFailures { n: 3 };
         let a = rules().on_change(
             &who(),
@@ -641,6 +709,112 @@ mod tests {
         assert_eq!(a.severity, Severity::P1);
         assert_eq!(a.kind, AlertKind::Transition);
         assert_eq!(a.reason, "consecutive_failures(n=3)");
+    }
+
+    /// Every row of [`SEVERITIES`] is what the code raises: each alert
+    /// raised through the rules, as a channel's first page, carries the
+    /// severity its row says.
+    #[test]
+    fn the_code_raises_the_severities_of_the_contract() {
+        let fresh = || AlertRules::new(AlertConfig::default());
+        let cfg = AlertConfig::default();
+        let drain = TransitionReason::ScoreDrain {
+            score: 0.7,
+            evaluations: 2,
+        };
+        let raised: Vec<(AlertKind, Severity)> = vec![
+            {
+                let r = TransitionReason::ScoreAtRisk {
+                    score: 0.5,
+                    evaluations: 2,
+                };
+                let a = fresh().on_change(
+                    &who(),
+                    &change(r, StateKind::AtRisk),
+                    None,
+                    &signals(0.0, 0.0),
+                );
+                (a.kind, a.severity)
+            },
+            {
+                let r = TransitionReason::ConsecutiveFailures { n: 4 };
+                let a = fresh().on_change(
+                    &who(),
+                    &change(r, StateKind::Drained),
+                    None,
+                    &Signals::default(),
+                );
+                (a.kind, a.severity)
+            },
+            {
+                let a = fresh().on_change(
+                    &who(),
+                    &change(drain, StateKind::Drained),
+                    None,
+                    &signals(0.05, 900.0),
+                );
+                (a.kind, a.severity)
+            },
+            {
+                let a = fresh().on_change(
+                    &who(),
+                    &change(drain, StateKind::Drained),
+                    None,
+                    &signals(0.0, 100.0),
+                );
+                (a.kind, a.severity)
+            },
+            {
+                let mut back = change(
+                    TransitionReason::CooldownElapsed {
+                        cooldown_ms: 90_000,
+                    },
+                    StateKind::Observing,
+                );
+                back.from = StateKind::Drained;
+                let a = fresh().on_change(&who(), &back, None, &Signals::default());
+                (a.kind, a.severity)
+            },
+            {
+                let step = TransitionReason::RecoveryStep { weight: 0.5 };
+                let mut c = change(step, StateKind::Recovering);
+                c.from = StateKind::Recovering;
+                let a = fresh().on_change(&who(), &c, None, &Signals::default());
+                (a.kind, a.severity)
+            },
+            {
+                let a = fresh().on_change(
+                    &who(),
+                    &change(TransitionReason::PinApplied, StateKind::Drained),
+                    None,
+                    &Signals::default(),
+                );
+                (a.kind, a.severity)
+            },
+            {
+                let mut out = Vec::new();
+                fresh().on_probe_streak(&who(), 0, cfg.probe_failures_p1 + 1, &mut out);
+                (out[0].kind, out[0].severity)
+            },
+            {
+                let a = fresh().partition_split("chat", "free-a", &[0, 1], 0);
+                (a.kind, a.severity)
+            },
+            {
+                let a = fresh().group_override("chat", true, 0, "");
+                (a.kind, a.severity)
+            },
+        ];
+        for (kind, severity) in raised {
+            assert!(
+                SEVERITIES
+                    .iter()
+                    .any(|r| r.kind == kind && r.severity == severity),
+                "{kind:?} raised at {severity:?}: not a row of the contract"
+            );
+        }
+        assert_eq!(contract::DRAIN_HARD, Severity::P1);
+        assert!(contract::DRAIN == Severity::P2 && contract::OVERRIDE == Severity::Info);
     }
 
     #[test]

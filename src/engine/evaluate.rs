@@ -288,7 +288,7 @@ impl Engine {
             self.rules.alarm(
                 &who,
                 AlertKind::SilentChannel,
-                Severity::P2,
+                crate::alert::contract::SILENT_CHANNEL,
                 now,
                 format!("silent_ms={silent_ms}"),
                 format!(
@@ -376,7 +376,7 @@ impl Engine {
             self.rules.alarm(
                 &who,
                 AlertKind::Oscillation,
-                Severity::P2,
+                crate::alert::contract::OSCILLATION,
                 now,
                 format!("relapses_after_readmission(n={relapses})"),
                 format!(

@@ -33,7 +33,7 @@
 //! windows); this file holds the types, configuration, pins, restore and
 //! the health a channel reports.
 
-use crate::alert::{AlertEvent, AlertKind, AlertRules, Severity, Subject};
+use crate::alert::{AlertEvent, AlertKind, AlertRules, Subject};
 use crate::config::{ChannelConfig, Config};
 use crate::event::{ErrorClass, RequestEvent};
 use crate::health::ChannelHealth;
