@@ -193,3 +193,84 @@ fn a_gateway_an_hour_fast_costs_the_others_nothing() {
     assert_eq!(report.applied, baseline.applied);
     assert_eq!(decisions(&report), decisions(&baseline));
 }
+
+/// The README's what-if recipe, as written: `hermes simulate
+/// scenarios/hard-down.toml --record ev.avro --write-config sim.toml`, the
+/// free tier's `consecutive_failures = 10` added to `sim.toml`, then
+/// `hermes replay ev.avro --config sim.toml`: free-a drains on its 10th
+/// failure in a row instead of its 4th. The same edit under `[policy]` is
+/// shadowed by the free tier's built-in settings, and replay says so.
+#[test]
+fn the_readmes_what_if_recipe_changes_the_outcome_it_claims() {
+    let dir = std::env::temp_dir().join(format!("hermes-what-if-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hermes = env!("CARGO_BIN_EXE_hermes");
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/hard-down.toml");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(hermes)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    run(&[
+        "simulate",
+        scenario,
+        "--record",
+        "ev.avro",
+        "--write-config",
+        "sim.toml",
+    ]);
+    let sim = std::fs::read_to_string(dir.join("sim.toml")).unwrap();
+    let first_drain = |stdout: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains("-> DRAINED"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (before, _) = run(&["replay", "ev.avro", "--config", "sim.toml"]);
+    assert!(
+        first_drain(&before).contains("consecutive_failures(n=4)"),
+        "{before}"
+    );
+
+    std::fs::write(
+        dir.join("sim.toml"),
+        format!("{sim}\n[tiers.free.policy.states]\nconsecutive_failures = 10\n"),
+    )
+    .unwrap();
+    let (after, warned) = run(&["replay", "ev.avro", "--config", "sim.toml"]);
+    assert!(
+        first_drain(&after).contains("consecutive_failures(n=10)"),
+        "{after}"
+    );
+    assert!(!warned.contains("warning"), "{warned}");
+
+    std::fs::write(
+        dir.join("sim.toml"),
+        format!("{sim}\n[policy.states]\nconsecutive_failures = 10\n"),
+    )
+    .unwrap();
+    let (shadowed, warned) = run(&["replay", "ev.avro", "--config", "sim.toml"]);
+    assert_eq!(
+        first_drain(&shadowed),
+        first_drain(&before),
+        "no effect on free-a"
+    );
+    assert!(
+        warned.contains("policy.states.consecutive_failures")
+            && warned.contains("[tiers.free.policy.states]"),
+        "{warned}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,6 @@
 //! `hermes replay`: recorded request events through a config.
 
 use anyhow::Context;
-use hermes::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,8 +18,13 @@ pub struct Args {
 }
 
 pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
-    let cfg = match Config::from_file(&a.config) {
-        Ok(c) => c,
+    let cfg = match hermes::config::ConfigFile::from_file(&a.config) {
+        Ok(f) => {
+            for w in &f.warnings {
+                eprintln!("{}: warning: {w}", a.config.display());
+            }
+            f.policy
+        }
         Err(e) => {
             eprintln!("{}: {e}", a.config.display());
             return Ok(ExitCode::from(2));

@@ -138,9 +138,11 @@ pub struct Config {
 pub struct ConfigFile {
     pub policy: Config,
     pub runtime: Runtime,
-    /// Deprecated keys the file still uses, each naming its new key: the
-    /// config is accepted (`hermes check-config` prints them, `hermes run`
-    /// logs them at start and on reload).
+    /// What the file says that will not do what it seems to: deprecated
+    /// keys (each naming its new key) and `[policy]` keys a built-in tier
+    /// layer shadows. The config is accepted (`hermes check-config` and
+    /// `hermes replay` print them, `hermes run` logs them at start and on
+    /// reload).
     pub warnings: Vec<String>,
 }
 
@@ -174,9 +176,13 @@ impl ConfigFile {
                 })
                 .and_then(Config::resolve),
         };
+        let shadowed = toml::from_str::<toml::Table>(text)
+            .map(|t| policy::shadowed_by_tiers(&t))
+            .unwrap_or_default();
         parsed
             .map(|mut f| {
                 f.warnings = warnings;
+                f.warnings.extend(shadowed);
                 f
             })
             .map_err(|e| e.with_migration_hints().with_lines(text))

@@ -501,3 +501,55 @@ pub(super) fn builtin_initial_weight(tier: Tier) -> f64 {
         Tier::Paid => 0.7,
     }
 }
+
+/// Keys the file sets in `[policy]` that a built-in tier layer sets above
+/// it (and the file does not set again under that tier): they do not apply
+/// to that tier's channels, which a user editing `[policy]` would not
+/// guess. One warning each, naming the section that would apply.
+pub(super) fn shadowed_by_tiers(file: &toml::Table) -> Vec<String> {
+    let Some(policy) = file.get("policy").and_then(|v| v.as_table()) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for tier in [Tier::Free, Tier::Paid] {
+        let builtin = builtin_tier_policy(tier);
+        let user = file
+            .get("tiers")
+            .and_then(|t| t.get(tier.as_str()))
+            .and_then(|t| t.get("policy"))
+            .and_then(|p| p.as_table());
+        shadowed(policy, &builtin, user, tier, &mut Vec::new(), &mut out);
+    }
+    out
+}
+
+fn shadowed(
+    set: &toml::Table,
+    builtin: &toml::Table,
+    user_tier: Option<&toml::Table>,
+    tier: Tier,
+    path: &mut Vec<String>,
+    out: &mut Vec<String>,
+) {
+    for (k, v) in set {
+        let Some(b) = builtin.get(k) else { continue };
+        let user = user_tier.and_then(|u| u.get(k));
+        match (v, b) {
+            (toml::Value::Table(v), toml::Value::Table(b)) => {
+                path.push(k.clone());
+                shadowed(v, b, user.and_then(|u| u.as_table()), tier, path, out);
+                path.pop();
+            }
+            _ if user.is_none() && v != b => {
+                let section = path.join(".");
+                out.push(format!(
+                    "policy.{section}.{k} = {v} does not apply to {t} channels: the built-in \
+                     {t} tier sets {k} = {b} above [policy]; set it under \
+                     [tiers.{t}.policy.{section}] to change it for them",
+                    t = tier.as_str()
+                ));
+            }
+            _ => {}
+        }
+    }
+}
