@@ -260,6 +260,29 @@ class HermesLogger(CustomLogger):
             self.events += 1
 
 
+def report_unsent(emitter, reader: WeightReader, route_group: str, model: str, gateway_id: str,
+                  cls: str, outcome: str) -> None:
+    """Reports a request the weights refused (``outcome`` SHED or
+    NO_CHANNEL) as demand: an event with that ``dispatch``, named after a
+    channel its class would have gone to (any known one when none)."""
+    weights = reader.routes().weights.get(cls)
+    channel = weights.pick(random.random()) if weights else min(reader.known_channels, default=None)
+    if channel is None:
+        return
+    emitter.emit(
+        attempt(
+            channel_id=channel,
+            route_group=route_group,
+            model=model,
+            gateway_id=gateway_id,
+            error_class="NONE",
+            latency_ms=0,
+            traffic_class=cls,
+            dispatch="SHED" if outcome == "SHED" else "NO_CHANNEL",
+        )
+    )
+
+
 class HermesRouting(CustomRoutingStrategyBase):
     """Picks a deployment of the requested model group by Hermes' weights
     for the request's class. Register it with
@@ -355,30 +378,9 @@ class HermesRouting(CustomRoutingStrategyBase):
         return self.get_available_deployment(model, messages, input, specific_deployment, request_kwargs)
 
     def _report_unsent(self, model: str, cls: str, outcome: str, reader: WeightReader) -> None:
-        if self.emitter is None:
-            return
-        routes = reader.routes()
-        weights = routes.weights.get(cls)
-        if weights:
-            channel = weights.pick(random.random())
-        else:
-            known = sorted(reader.known_channels)
-            if not known:
-                return
-            channel = known[0]
-        dispatch = "SHED" if outcome == "SHED" else "NO_CHANNEL"
-        self.emitter.emit(
-            attempt(
-                channel_id=channel,
-                route_group=self.route_groups.get(model, model),
-                model=model,
-                gateway_id=self.gateway_id,
-                error_class="NONE",
-                latency_ms=0,
-                traffic_class=cls,
-                dispatch=dispatch,
-            )
-        )
+        if self.emitter is not None:
+            report_unsent(self.emitter, reader, self.route_groups.get(model, model), model,
+                          self.gateway_id, cls, outcome)
 
     def close(self) -> None:
         for r in self.readers.values():
@@ -535,22 +537,8 @@ class HermesProxy(HermesLogger):
         raise HermesRefused(pick.outcome, model, cls)
 
     def _report_unsent(self, model: str, cls: str, outcome: str, reader: WeightReader) -> None:
-        weights = reader.routes().weights.get(cls)
-        channel = weights.pick(random.random()) if weights else min(reader.known_channels, default=None)
-        if channel is None:
-            return
-        self.emitter.emit(
-            attempt(
-                channel_id=channel,
-                route_group=self.route_groups.get(model, model),
-                model=model,
-                gateway_id=self.gateway_id,
-                error_class="NONE",
-                latency_ms=0,
-                traffic_class=cls,
-                dispatch="SHED" if outcome == "SHED" else "NO_CHANNEL",
-            )
-        )
+        report_unsent(self.emitter, reader, self.route_groups.get(model, model), model,
+                      self.gateway_id, cls, outcome)
 
 
 #: The callback the LiteLLM Proxy loads (``litellm_settings.callbacks:
