@@ -69,9 +69,8 @@ pub struct ChannelConfig {
     pub capacity_rps: f64,
     /// Relative weight while nothing is known (tier default unless set).
     pub initial_weight: f64,
-    /// Quota per day if the upstream enforces one (requests), else none.
     /// Attempts the upstream allows per `quota_period_ms` (incident 002's free
-    /// tier), used when gateways do not report `quota_remaining`.
+    /// tier), used when gateways do not report `quota_remaining`; unset: no quota.
     pub quota: Option<u64>,
     /// The quota's period; periods start at multiples of it since the epoch
     /// (a day: midnight UTC).

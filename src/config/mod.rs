@@ -27,6 +27,7 @@ mod engine;
 mod policy;
 mod runtime;
 mod schedule;
+mod sieve;
 
 pub use alerts::*;
 pub use catalogue::*;
@@ -155,37 +156,36 @@ impl ConfigFile {
         ConfigFile::from_toml(&text)
     }
 
-    /// Parses and validates config text, every section.
+    /// Parses and validates config text, every section, and reports every
+    /// problem at once (a TOML syntax error alone stops it: past one, the
+    /// parser cannot tell what the rest means).
     pub fn from_toml(text: &str) -> Result<ConfigFile, ConfigError> {
-        let (migrated, warnings) = migrate_renamed(text);
-        let parsed = match migrated {
-            // A renamed key moved to its new place: parse the moved table
-            // (the parser's own line numbers are of the text as written,
-            // which `with_lines` restores from the key paths).
-            Some(table) => table
-                .try_into::<RawConfig>()
-                .map_err(|e| ConfigError::one("config", e.message().to_string()))
-                .and_then(Config::resolve),
-            None => toml::from_str::<RawConfig>(text)
-                .map_err(|e| {
-                    let key = e
-                        .span()
-                        .map(|s| locate(text, s.start))
-                        .unwrap_or_else(|| "config".into());
-                    ConfigError::one(key, e.message().to_string())
-                })
-                .and_then(Config::resolve),
+        let mut table = text.parse::<toml::Table>().map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| locate(text, s.start))
+                .unwrap_or_else(|| "config".into());
+            ConfigError::one(key, e.message().to_string())
+        })?;
+        let mut warnings = migrate_renamed(&mut table);
+        let mut v = Issues::default();
+        sieve::sieve(&mut table, &mut v);
+        warnings.extend(policy::shadowed_by_tiers(&table));
+        let parsed = match table.try_into::<RawConfig>() {
+            Ok(raw) => Config::resolve(raw, v),
+            // The sieve took out every key its type refuses; this is a
+            // shape it does not know (reported, never a panic).
+            Err(e) => {
+                v.push("config", e.message().to_string());
+                Err(ConfigError { issues: v.0 })
+            }
         };
-        let shadowed = toml::from_str::<toml::Table>(text)
-            .map(|t| policy::shadowed_by_tiers(&t))
-            .unwrap_or_default();
         parsed
             .map(|mut f| {
                 f.warnings = warnings;
-                f.warnings.extend(shadowed);
                 f
             })
-            .map_err(|e| e.with_migration_hints().with_lines(text))
+            .map_err(|e| e.with_migration_hints().with_lines(text).in_file_order())
     }
 }
 
@@ -193,13 +193,9 @@ impl ConfigFile {
 /// next one: (old section, key, new section).
 const RENAMED_KEYS: &[(&str, &str, &str)] = &[("service", "group_warmup_ms", "schedule")];
 
-/// The file's table with every renamed key moved to its new place, and a
-/// warning per key moved; `None` when nothing was renamed (the text is
-/// then parsed as written, with the parser's line numbers).
-fn migrate_renamed(text: &str) -> (Option<toml::Table>, Vec<String>) {
-    let Ok(mut table) = text.parse::<toml::Table>() else {
-        return (None, Vec::new());
-    };
+/// Moves every renamed key of the file's table to its new place, with a
+/// warning per key moved.
+fn migrate_renamed(table: &mut toml::Table) -> Vec<String> {
     let mut warnings = Vec::new();
     for (old, key, new) in RENAMED_KEYS {
         let Some(value) = table
@@ -227,7 +223,7 @@ fn migrate_renamed(text: &str) -> (Option<toml::Table>, Vec<String>) {
             ));
         }
     }
-    ((!warnings.is_empty()).then_some(table), warnings)
+    warnings
 }
 
 /// Every `key = value` line of a TOML text by its full path, the way
@@ -267,8 +263,10 @@ fn key_lines(text: &str) -> ahash::AHashMap<String, usize> {
             // A new element starts its nested arrays afresh.
             counts.retain(|k, _| !k.starts_with(&format!("{plain}.")));
             header = indexed(&parts, &counts);
+            lines.entry(header.clone()).or_insert(i + 1);
         } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.split(']').next()) {
             header = indexed(&clean(name), &counts);
+            lines.entry(header.clone()).or_insert(i + 1);
         } else if let Some((k, _)) = line.split_once('=') {
             if line.starts_with('#') {
                 continue;
@@ -307,6 +305,20 @@ impl ConfigError {
         self.locate_with(|path| lines.get(path).copied())
     }
 
+    /// Issues by the line they are on, those without one (a missing
+    /// section) last.
+    fn in_file_order(mut self) -> ConfigError {
+        let line = |i: &ConfigIssue| {
+            i.key
+                .split(" (line ")
+                .nth(1)
+                .and_then(|r| r.trim_end_matches(')').parse::<usize>().ok())
+                .unwrap_or(usize::MAX)
+        };
+        self.issues.sort_by_key(line);
+        self
+    }
+
     fn locate_with(mut self, line_of: impl Fn(&str) -> Option<usize>) -> ConfigError {
         for issue in &mut self.issues {
             if issue.key.contains("(line ") {
@@ -325,7 +337,19 @@ impl ConfigError {
                     _ => {}
                 }
             }
-            if let Some(n) = line_of(&path) {
+            // A key the file does not set (a missing one) is found at its
+            // table's header.
+            let mut at = path.as_str();
+            let line = loop {
+                if let Some(n) = line_of(at) {
+                    break Some(n);
+                }
+                match at.rfind('.') {
+                    Some(i) => at = &at[..i],
+                    None => break None,
+                }
+            };
+            if let Some(n) = line {
                 issue.key = format!("{} (line {n})", issue.key);
             }
         }
@@ -436,8 +460,8 @@ impl Config {
         ConfigFile::from_toml(text).map(|f| f.policy)
     }
 
-    fn resolve(raw: RawConfig) -> Result<ConfigFile, ConfigError> {
-        let mut v = Issues::default();
+    /// Validates what the sieve let through; `v` holds what it did not.
+    fn resolve(raw: RawConfig, mut v: Issues) -> Result<ConfigFile, ConfigError> {
         validate_sections(&raw, &mut v);
         let tiers = TierPolicies::resolve(&raw, &mut v);
         for (tier, r) in &raw.tiers {

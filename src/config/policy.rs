@@ -59,8 +59,10 @@ pub struct StatePolicy {
     pub max_relapse_cooldown_ms: i64,
     /// The incident penalty halves over this much event time.
     pub penalty_half_life_ms: i64,
-    /// Share of the channel's normal weight given to it while OBSERVING
-    /// (incident 002: 5 % half-open traffic).
+    /// Share of its group's traffic a channel gets while OBSERVING (incident
+    /// 002: 5 % half-open traffic), at least `schedule.half_open_min_rps` and
+    /// never above its own normal load; in panic mode, this share of its own
+    /// normal load.
     pub half_open_share: f64,
     /// Consecutive passing evaluations in OBSERVING before RECOVERING.
     pub observe_passes: u32,
@@ -116,8 +118,11 @@ pub struct StatePolicy {
     /// weight must fit the grown cool-down, the hold and the recovery
     /// schedule.
     pub max_intermittent_hold_ms: i64,
-    /// RECOVERING weight schedule (docs/decisions.md#score-and-states / incident 002: +10 % every 120 s up
-    /// to 40 %, then +20 %). The first step is also the starting weight.
+    /// RECOVERING weight schedule: each step adds `step` of the channel's
+    /// normal weight every `every_ms` while below `until` (default +25 %
+    /// every 30 s, so full weight 90 s after the probation passed; incident
+    /// 002 used +10 % every 120 s, too slow for docs/decisions.md#safety-rails'
+    /// 8 minutes). The first step is also the starting weight.
     pub recovery_steps: Vec<RecoveryStep>,
     /// This many relapses after re-admission (a drain of a channel that
     /// passed a probation, see `state`) within `oscillation_window_ms` raise
@@ -505,11 +510,13 @@ pub(super) fn builtin_initial_weight(tier: Tier) -> f64 {
 /// Keys the file sets in `[policy]` that a built-in tier layer sets above
 /// it (and the file does not set again under that tier): they do not apply
 /// to that tier's channels, which a user editing `[policy]` would not
-/// guess. One warning each, naming the section that would apply.
+/// guess. One warning each, naming the section that would apply. A key
+/// written at its default changes nothing, so nothing fails to apply.
 pub(super) fn shadowed_by_tiers(file: &toml::Table) -> Vec<String> {
     let Some(policy) = file.get("policy").and_then(|v| v.as_table()) else {
         return Vec::new();
     };
+    let defaults = policy_table(&HealthPolicy::default());
     let mut out = Vec::new();
     for tier in [Tier::Free, Tier::Paid] {
         let builtin = builtin_tier_policy(tier);
@@ -518,29 +525,49 @@ pub(super) fn shadowed_by_tiers(file: &toml::Table) -> Vec<String> {
             .and_then(|t| t.get(tier.as_str()))
             .and_then(|t| t.get("policy"))
             .and_then(|p| p.as_table());
-        shadowed(policy, &builtin, user, tier, &mut Vec::new(), &mut out);
+        let at = Layers {
+            builtin: &builtin,
+            defaults: &defaults,
+            user_tier: user,
+        };
+        shadowed(policy, at, tier, &mut Vec::new(), &mut out);
     }
     out
 }
 
+/// The same level of the built-in tier layer, the defaults and the
+/// file's own tier layer.
+#[derive(Clone, Copy)]
+struct Layers<'a> {
+    builtin: &'a toml::Table,
+    defaults: &'a toml::Table,
+    user_tier: Option<&'a toml::Table>,
+}
+
 fn shadowed(
     set: &toml::Table,
-    builtin: &toml::Table,
-    user_tier: Option<&toml::Table>,
+    at: Layers<'_>,
     tier: Tier,
     path: &mut Vec<String>,
     out: &mut Vec<String>,
 ) {
+    let empty = toml::Table::new();
     for (k, v) in set {
-        let Some(b) = builtin.get(k) else { continue };
-        let user = user_tier.and_then(|u| u.get(k));
+        let Some(b) = at.builtin.get(k) else { continue };
+        let user = at.user_tier.and_then(|u| u.get(k));
+        let default = at.defaults.get(k);
         match (v, b) {
             (toml::Value::Table(v), toml::Value::Table(b)) => {
                 path.push(k.clone());
-                shadowed(v, b, user.and_then(|u| u.as_table()), tier, path, out);
+                let inner = Layers {
+                    builtin: b,
+                    defaults: default.and_then(|d| d.as_table()).unwrap_or(&empty),
+                    user_tier: user.and_then(|u| u.as_table()),
+                };
+                shadowed(v, inner, tier, path, out);
                 path.pop();
             }
-            _ if user.is_none() && v != b => {
+            _ if user.is_none() && v != b && Some(v) != default => {
                 let section = path.join(".");
                 out.push(format!(
                     "policy.{section}.{k} = {v} does not apply to {t} channels: the built-in \

@@ -234,11 +234,11 @@ pub struct ServiceConfig {
     /// without being decoded: an event is a few hundred bytes, and a
     /// multi-megabyte string in one would be copied and hashed for nothing.
     pub max_record_bytes: u32,
-    /// Request loops per instance, each on its own thread and each a
-    /// member of the consumer group with partitions of its own (a
-    /// partition's events stay in order on one thread). More than the
-    /// partitions an instance gets leaves the extra loops idle. 0 (the
-    /// default): one per core.
+    /// Request loops per instance; 0 (the default): one per core. Each runs
+    /// on its own thread and is a member of the consumer group with
+    /// partitions of its own (a partition's events stay in order on one
+    /// thread); more than the partitions an instance gets leaves the extra
+    /// loops idle.
     pub request_threads: u32,
     /// The bearer token the control API (`hermes ctl`) requires for every
     /// change; empty: changes are refused. The environment variable

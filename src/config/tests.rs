@@ -166,7 +166,10 @@ fn errors_name_the_offending_key() {
 #[test]
 fn unknown_keys_and_crossed_bounds_are_refused() {
     let all = issues(&format!("{MINIMAL}\n[engine]\nslise_ms = 5\n"));
-    assert!(all[0].contains("unknown field `slise_ms`"), "{all:?}");
+    assert!(
+        all[0].contains("unknown key `slise_ms`; did you mean `slice_ms`?"),
+        "{all:?}"
+    );
 
     let all = issues(&format!(
         "{MINIMAL}\n[policy.signals.error_rate]\nweight = -1.0\nnormal = 0.05\ndegraded = 0.05\nmin_samples = 0\n"
@@ -220,7 +223,10 @@ fn parse_errors_name_the_section_the_key_and_its_line() {
     assert!(e.contains("engine.slice_ms (line 2)"), "{e}");
     let nested = "[[groups]]\nid = \"chat\"\n[[groups.channels]]\nid = \"a\"\ntier = \"free\"\ncapacity_rps = 10\nwat = 1\n";
     let e = Config::from_toml(nested).unwrap_err().to_string();
-    assert!(e.contains("groups.channels.wat (line 7)"), "{e}");
+    assert!(
+        e.contains("groups[0] (chat).channels[0] (a).wat (line 7)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -267,9 +273,81 @@ fn a_retired_key_is_refused_with_the_way_forward() {
             .contains("removed: OSCILLATION is raised by relapses")),
         "{err}"
     );
-    // Any other unknown key keeps the parser's message (the known keys).
+    // Any other unknown key lists the known keys when none is close.
     let err = ConfigFile::from_toml("[service]\nwat = 1\n").unwrap_err();
-    assert!(err.issues[0].reason.contains("expected one of"), "{err}");
+    assert!(err.issues[0].reason.contains("known here: `"), "{err}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once_where_it_was_written() {
+    let text = "\
+[service]
+request_thread = 2
+
+[engine]
+slice_ms = -5
+evaluation_interval = 5000
+
+[schedule]
+max_weight_step = \"big\"
+
+[policy.states]
+oscillation_penalty = 2.0
+
+[tiers.fre]
+initial_weight = 0.2
+
+[[groups]]
+id = \"g\"
+
+[[groups.channels]]
+id = \"a\"
+tier = \"free\"
+capcity = 3
+
+[[groups.channels]]
+id = \"b\"
+tier = \"paid\"
+capacity_rps = 1.0
+[groups.channels.policy.states]
+cooldown_ms = \"soon\"
+";
+    let err = ConfigFile::from_toml(text).unwrap_err();
+    let got: Vec<String> = err
+        .issues
+        .iter()
+        .map(|i| format!("{}: {}", i.key, i.reason))
+        .collect();
+    let want = [
+        "service.request_thread (line 2): unknown key `request_thread`; did you mean `request_threads`?",
+        "engine.slice_ms (line 5): must be a positive duration",
+        "engine.evaluation_interval (line 6): unknown key `evaluation_interval`; did you mean `evaluation_interval_ms`?",
+        "schedule.max_weight_step (line 9): invalid type: string \"big\"",
+        "policy.states.oscillation_penalty (line 12): unknown key `oscillation_penalty`: removed:",
+        "tiers.fre (line 14): unknown value `fre`; did you mean `free`?",
+        "groups[0] (g).channels[0] (a).capacity_rps (line 20): missing: this key is required",
+        "groups[0] (g).channels[0] (a).capcity (line 23): unknown key `capcity`; did you mean `capacity_rps`?",
+        "groups[0] (g).channels[1] (b).policy.states.cooldown_ms (line 30): invalid type: string \"soon\"",
+    ];
+    assert_eq!(got.len(), want.len(), "{got:#?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(g.starts_with(w), "{g}\n  wanted {w}");
+    }
+}
+
+#[test]
+fn a_class_table_lists_only_what_it_changes() {
+    let cfg = Config::from_toml(&format!(
+        "{MINIMAL}\n[traffic_classes.batch]\nmax_score = 0.7\n"
+    ))
+    .unwrap();
+    let batch = cfg.classes.get(crate::event::TrafficClass::Batch);
+    let default = ClassPolicies::default();
+    assert_eq!(batch.max_score, 0.7);
+    assert_eq!(
+        batch.priority,
+        default.get(crate::event::TrafficClass::Batch).priority
+    );
 }
 
 #[test]
