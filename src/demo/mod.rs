@@ -151,6 +151,56 @@ fn status_table(
 /// Runs the demo; returns what happened.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     let sc = Arc::new(opts.scenario.clone());
+    let (file, mock) = demo_config(&opts, &sc)?;
+    let bootstrap = mock.bootstrap_servers();
+    let topics = file.runtime.kafka.clone();
+    let (store, weights) = weight_source(&file.policy, opts.redis_url.as_deref())?;
+    let service = Service::start(file, store, opts.config_path.clone()).await?;
+    if let (Some(tx), Some(addr)) = (&opts.http_bound, service.http_addr) {
+        let _ = tx.send(addr);
+    }
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .context("creating the gateways' producer")?;
+    let counters: Arc<Counters> = Arc::new(Default::default());
+    let service = drive(&opts, &sc, &topics, &producer, &weights, service, &counters).await?;
+    let _ = producer.flush(Duration::from_secs(5));
+    let mut summary = DemoSummary {
+        produced: counters.0.load(std::sync::atomic::Ordering::Relaxed),
+        garbage_sent: counters.1.load(std::sync::atomic::Ordering::Relaxed),
+        ..DemoSummary::default()
+    };
+    let m = service.metrics.clone();
+    drain_and_stop(service, summary.produced + summary.garbage_sent).await?;
+    account(&m, &mut summary);
+    summary.snapshot_versions = weights
+        .versions
+        .read()
+        .map(|v| v.clone())
+        .unwrap_or_default();
+    summary.uncommitted_at_stop = {
+        let (bootstrap, topics) = (bootstrap.clone(), topics.clone());
+        tokio::task::spawn_blocking(move || uncommitted(&bootstrap, &topics)).await??
+    };
+    read_outputs(&bootstrap, &topics, &mut summary).await?;
+    // Clients before the cluster they talk to, or librdkafka reports every
+    // broker down on the way out.
+    drop(producer);
+    drop(mock);
+    Ok(summary)
+}
+
+/// The demo's config (the user's file, or the scenario's) pointed at a
+/// fresh in-process cluster with the topics it needs.
+fn demo_config(
+    opts: &DemoOptions,
+    sc: &Scenario,
+) -> anyhow::Result<(
+    ConfigFile,
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+)> {
     let mut file = match &opts.config_path {
         Some(path) => {
             ConfigFile::from_file(path).map_err(|e| anyhow!("{}: {e}", path.display()))?
@@ -170,8 +220,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     ] {
         mock.create_topic(topic, partitions, 1)?;
     }
-    let bootstrap = mock.bootstrap_servers();
-    rt.kafka.brokers = bootstrap.clone();
+    rt.kafka.brokers = mock.bootstrap_servers();
     rt.kafka.session_timeout_ms = 6_000;
     rt.service.http_listen = opts.http_listen.clone().unwrap_or_default();
     if opts.config_path.is_none() {
@@ -180,35 +229,24 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     if let Some(url) = &opts.redis_url {
         rt.redis.url = url.clone();
     }
-    let topics = rt.kafka.clone();
-    let (store, weights) = weight_source(&file.policy, opts.redis_url.as_deref())?;
-    let service = Service::start(file, store, opts.config_path.clone()).await?;
-    if let (Some(tx), Some(addr)) = (&opts.http_bound, service.http_addr) {
-        let _ = tx.send(addr);
-    }
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .context("creating the gateways' producer")?;
-    let counters: Arc<Counters> = Arc::new(Default::default());
-    let service = drive(&opts, &sc, &topics, &producer, &weights, service, &counters).await?;
-    let _ = producer.flush(Duration::from_secs(5));
-    let mut summary = DemoSummary {
-        produced: counters.0.load(std::sync::atomic::Ordering::Relaxed),
-        garbage_sent: counters.1.load(std::sync::atomic::Ordering::Relaxed),
-        ..DemoSummary::default()
-    };
-    // Let the service consume what was produced, then stop it (it commits).
+    Ok((file, mock))
+}
+
+/// Lets the service consume the `expected` records produced (up to 10 s),
+/// then stops it (it commits).
+async fn drain_and_stop(service: Service, expected: u64) -> anyhow::Result<()> {
     let m = service.metrics.clone();
-    let expected = summary.produced + summary.garbage_sent;
     let deadline = Instant::now() + Duration::from_secs(10);
     while m.events_consumed.load(std::sync::atomic::Ordering::Relaxed) < expected
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    service.stop().await?;
+    service.stop().await
+}
+
+/// What the stopped service counted, into the summary.
+fn account(m: &Metrics, summary: &mut DemoSummary) {
     use std::sync::atomic::Ordering::Relaxed;
     summary.consumed = m.events_consumed.load(Relaxed);
     summary.applied = m.events_applied.load(Relaxed) + m.events_replayed.load(Relaxed);
@@ -217,21 +255,6 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<DemoSummary> {
     summary.too_late = m.too_late.load(Relaxed);
     summary.alerts_produced = m.alerts_produced.load(Relaxed);
     summary.final_states = m.channel_states();
-    summary.snapshot_versions = weights
-        .versions
-        .read()
-        .map(|v| v.clone())
-        .unwrap_or_default();
-    summary.uncommitted_at_stop = {
-        let (bootstrap, topics) = (bootstrap.clone(), topics.clone());
-        tokio::task::spawn_blocking(move || uncommitted(&bootstrap, &topics)).await??
-    };
-    read_outputs(&bootstrap, &topics, &mut summary).await?;
-    // Clients before the cluster they talk to, or librdkafka reports every
-    // broker down on the way out.
-    drop(producer);
-    drop(mock);
-    Ok(summary)
 }
 
 /// The request records past the consumer group's committed offsets.

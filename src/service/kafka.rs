@@ -180,16 +180,33 @@ pub fn output_producer(
     Ok(p)
 }
 
-/// Enqueues a record, waiting while the local queue is full. Returns false
-/// only if it could not be enqueued at all (the caller must not commit).
+/// How long [`send`] waits for room in a full local queue (the broker
+/// away): past it the record is not enqueued and nothing is committed.
+const QUEUE_FULL_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Enqueues a record, waiting (up to [`QUEUE_FULL_PATIENCE`]) while the
+/// local queue is full. Returns false only if it could not be enqueued at
+/// all (the caller must not commit).
 pub fn send(producer: &OutputProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> bool {
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    for _ in 0..600 {
+    let deadline = std::time::Instant::now() + QUEUE_FULL_PATIENCE;
+    // Room comes back as the producer delivers: look again soon, then
+    // every 50 ms.
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(5), Duration::from_millis(50));
+    loop {
         match producer.send(rec) {
             Ok(()) => return true,
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                if std::time::Instant::now() >= deadline {
+                    tracing::error!(
+                        topic = r.topic,
+                        "output queue full for 30 s; record not enqueued"
+                    );
+                    return false;
+                }
                 rec = r;
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(backoff.next_delay());
             }
             Err((e, r)) => {
                 tracing::error!(topic = r.topic, error = %e, "cannot enqueue output record");
@@ -197,7 +214,6 @@ pub fn send(producer: &OutputProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> b
             }
         }
     }
-    false
 }
 
 /// Headers of a dead letter: why, and where it came from.

@@ -352,6 +352,7 @@ impl LoopState {
         };
         for g in &self.cfg.groups {
             let mut attempt = 0;
+            let mut backoff = crate::backoff::Backoff::SHORT;
             loop {
                 attempt += 1;
                 let r = self.rt.block_on(async {
@@ -363,8 +364,9 @@ impl LoopState {
                         break;
                     }
                     Ok(Err(e)) if attempt < 3 => {
-                        tracing::warn!(group = %g.id, error = %e, "loading saved state; retrying");
-                        std::thread::sleep(Duration::from_millis(500));
+                        let wait = backoff.next_delay();
+                        tracing::warn!(group = %g.id, error = %e, retry_in = ?wait, "loading saved state; retrying");
+                        std::thread::sleep(wait);
                     }
                     Err(_) if attempt < 3 => {}
                     other => {
