@@ -20,68 +20,14 @@ const TOPICS: &[(&str, u32)] = &[
 ];
 
 fn config(brokers: &str, redis: &str, registry: &str, http_port: u16) -> String {
-    format!(
-        r#"
-[kafka]
-brokers = "{brokers}"
-session_timeout_ms = 6000
-schema_registry_url = "{registry}"
-
-[redis]
-url = "{redis}"
-
-[schedule]
-group_warmup_ms = 5000
-
-[service]
-heartbeat_ms = 2000
-commit_interval_ms = 500
-http_listen = "127.0.0.1:{http_port}"
-idle_advance_ms = 3000
-
-# Windows of seconds instead of minutes, so the test sees a whole incident.
-[engine]
-slice_ms = 1000
-short_window_ms = 10000
-long_window_ms = 30000
-evaluation_interval_ms = 1000
-allowed_lateness_ms = 2000
-
-# Cool-downs of seconds: the default cap (grown by failed probations while
-# the upstream is still down) would keep the test waiting for minutes.
-[tiers.free.policy.states]
-cooldown_ms = 10000
-max_cooldown_ms = 60000
-probation_min_samples = 20
-observe_passes = 2
-
-[[tiers.free.policy.states.recovery_steps]]
-until = 1.0
-step = 0.5
-every_ms = 2000
-
-[[groups]]
-id = "chat"
-
-[[groups.channels]]
-id = "free-a"
-tier = "free"
-price_per_1k_tokens = 0.0
-capacity_rps = 100.0
-
-[[groups.channels]]
-id = "paid-a"
-tier = "paid"
-price_per_1k_tokens = 0.5
-capacity_rps = 100.0
-
-[[groups.channels]]
-id = "paid-b"
-tier = "paid"
-price_per_1k_tokens = 0.6
-capacity_rps = 100.0
-"#
-    )
+    // The default cool-down cap (grown by failed probations while the
+    // upstream is still down) would keep the test waiting for minutes.
+    support::config::TestConfig {
+        registry: Some(registry),
+        free_max_cooldown_ms: Some(60_000),
+        ..support::config::TestConfig::new(brokers, redis, http_port)
+    }
+    .text()
 }
 
 /// The Python that runs the gateway side: `.ci/run`'s virtual environment

@@ -16,7 +16,7 @@ mod support;
 use hermes::demo::{run, DemoOptions};
 use hermes::sim::scenario::Scenario;
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -139,37 +139,20 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     out
 }
 
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// GET `path` on `addr` (HTTP/1.0); the body, or `None` when not answered.
-fn get(addr: &str, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+/// GET `path` on `addr`; the body, or `None` when not answered.
+fn get(addr: &str, path: &str, query: &[(&str, &str)]) -> Option<String> {
+    support::http_get(
+        &format!("http://{addr}{path}"),
+        query,
+        Duration::from_secs(5),
+    )
+    .map(|(_, body)| body)
 }
 
 /// An instant query: `Err` with Prometheus' error when it does not parse,
 /// else how many series it returned.
 fn query(prom: &str, expr: &str) -> Result<usize, String> {
-    let body = get(
-        prom,
-        &format!("/api/v1/query?query={}", percent_encode(expr)),
-    )
-    .ok_or("prometheus did not answer")?;
+    let body = get(prom, "/api/v1/query", &[("query", expr)]).ok_or("prometheus did not answer")?;
     let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
     if v["status"] != "success" {
         return Err(body);
@@ -321,7 +304,7 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
     // The exposition once the demo has drained free-a: promtool finds
     // nothing in it.
     let text = loop {
-        let t = get(&target, "/metrics").unwrap_or_default();
+        let t = get(&target, "/metrics", &[]).unwrap_or_default();
         if t.contains("hermes_channel_state{group=\"chat\",channel=\"free-a\",state=\"DRAINED\"} 1")
         {
             break t;
@@ -395,7 +378,7 @@ fn a_real_prometheus_scrapes_hermes_and_every_dashboard_query_and_rule_works() {
         last.is_empty(),
         "queries without series:\n{}\nthe channel series Hermes served:\n{}\nprometheus log:\n{}",
         last.join("\n"),
-        get(&target, "/metrics")
+        get(&target, "/metrics", &[])
             .unwrap_or_default()
             .lines()
             .filter(|l| l.starts_with("hermes_channel"))

@@ -30,71 +30,16 @@ const CHANNELS: &[(&str, i32)] = &[("free-a", 0), ("paid-a", 1), ("paid-b", 2)];
 type Mapping = Vec<(&'static str, i32)>;
 
 fn config(brokers: &str, redis: &str, http_port: u16, free_cooldown_ms: i64) -> String {
-    let extra_kafka = std::env::var("HERMES_TEST_KAFKA_DEBUG")
-        .map(|d| format!("[kafka.properties]\ndebug = \"{d}\"\n"))
-        .unwrap_or_default();
-    format!(
-        r#"
-[kafka]
-brokers = "{brokers}"
-session_timeout_ms = 6000
-{extra_kafka}
-
-[redis]
-url = "{redis}"
-
-[schedule]
-group_warmup_ms = 5000
-
-[service]
-heartbeat_ms = 2000
-commit_interval_ms = 500
-reload_check_ms = 1000
-http_listen = "127.0.0.1:{http_port}"
-idle_advance_ms = 3000
-dedup_horizon_ms = 30000
-
-# Windows of seconds instead of minutes, so a test sees a whole incident.
-[engine]
-slice_ms = 1000
-short_window_ms = 10000
-long_window_ms = 30000
-evaluation_interval_ms = 1000
-allowed_lateness_ms = 2000
-silent_after_ms = 10000
-
-[tiers.free.policy.states]
-cooldown_ms = {free_cooldown_ms}
-probation_min_samples = 20
-observe_passes = 2
-
-[[tiers.free.policy.states.recovery_steps]]
-until = 1.0
-step = 0.5
-every_ms = 2000
-
-[[groups]]
-id = "chat"
-
-[[groups.channels]]
-id = "free-a"
-tier = "free"
-price_per_1k_tokens = 0.0
-capacity_rps = 100.0
-
-[[groups.channels]]
-id = "paid-a"
-tier = "paid"
-price_per_1k_tokens = 0.5
-capacity_rps = 100.0
-
-[[groups.channels]]
-id = "paid-b"
-tier = "paid"
-price_per_1k_tokens = 0.6
-capacity_rps = 100.0
-"#
-    )
+    support::config::TestConfig {
+        free_cooldown_ms,
+        kafka_extra: std::env::var("HERMES_TEST_KAFKA_DEBUG")
+            .map(|d| format!("[kafka.properties]\ndebug = \"{d}\"\n"))
+            .unwrap_or_default(),
+        service_extra: "reload_check_ms = 1000\ndedup_horizon_ms = 30000",
+        engine_extra: "silent_after_ms = 10000",
+        ..support::config::TestConfig::new(brokers, redis, http_port)
+    }
+    .text()
 }
 
 fn wall_ms() -> i64 {

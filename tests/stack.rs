@@ -10,17 +10,10 @@ use support::free_port;
 
 /// GET `path` on 127.0.0.1:`port`; the body of a 200 answer.
 fn get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200")
-        .then(|| body.to_string())
-        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
+    let url = format!("http://127.0.0.1:{port}{path}");
+    support::http_get(&url, &[], Duration::from_secs(5))
+        .filter(|(status, _)| *status == 200)
+        .map(|(_, body)| body)
 }
 
 fn listening(port: u16) -> bool {

@@ -1,6 +1,7 @@
 //! Test fixtures: real servers on free loopback ports, stopped by PID.
 #![allow(dead_code)]
 
+pub mod config;
 pub mod registry;
 #[allow(unused_imports)] // not every test binary starts a registry
 pub use registry::FakeRegistry;
@@ -9,6 +10,21 @@ use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficCla
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// GET `url` with `query` parameters (encoded here), waiting at most
+/// `timeout`: the status and the body, or `None` when nothing answered.
+pub fn http_get(url: &str, query: &[(&str, &str)], timeout: Duration) -> Option<(u16, String)> {
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let mut request = agent.get(url);
+    for (k, v) in query {
+        request = request.query(k, v);
+    }
+    match request.call() {
+        Ok(r) => Some((r.status(), r.into_string().ok()?)),
+        Err(ureq::Error::Status(code, r)) => Some((code, r.into_string().unwrap_or_default())),
+        Err(_) => None,
+    }
+}
 
 /// A free loopback port (bound and released; the server binds it next).
 /// Picked below the kernel's ephemeral range (`ip_local_port_range`): a
@@ -445,16 +461,15 @@ impl Hermes {
         }
     }
 
-    /// GET a path on the instance's HTTP endpoint.
+    /// GET a path on the instance's HTTP endpoint: the body, whatever the
+    /// status (`/readyz` answers 503 with its reasons).
     pub fn get(&self, path: &str) -> Option<String> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&self.http).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+        http_get(
+            &format!("http://{}{path}", self.http),
+            &[],
+            Duration::from_secs(2),
+        )
+        .map(|(_, body)| body)
     }
 
     /// A counter or gauge value from `/metrics` (first line starting with

@@ -23,7 +23,6 @@ Prints one JSON report line and exits 1 if any expectation fails.
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 
@@ -38,6 +37,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import litellm  # noqa: E402
 from litellm import Router  # noqa: E402
 
+import processes  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 from hermes_gateway import EventEmitter  # noqa: E402
 from hermes_gateway.litellm import HermesLogger, HermesRouting  # noqa: E402
@@ -217,10 +217,10 @@ class Run:
             self.report["recovery_traffic_s"] = round(t_traffic - t_heal, 2)
         await asyncio.sleep(5)
 
-        # Hermes stops: routing goes on by the last good weights.
+        # Hermes stops: routing goes on by the last good weights (the last
+        # it wrote, up to its exit: a graceful stop may still publish).
+        t_stop = await asyncio.to_thread(processes.stop, int(os.environ["HERMES_E2E_PID"]))
         before = self.snapshot()
-        os.kill(int(os.environ["HERMES_E2E_PID"]), signal.SIGTERM)
-        t_stop = time.time()
         await asyncio.sleep(15)
         n, failed = self.requests(t_stop, time.time())
         status = self.routing.readers["chat"].status()

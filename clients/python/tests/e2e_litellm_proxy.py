@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 import redis  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 
+import processes  # noqa: E402
 from fake_upstream import FakeUpstream  # noqa: E402
 
 CHANNELS = ("free-a", "free-b", "paid-a", "paid-b")
@@ -250,10 +251,10 @@ class Run:
         self.expect(counts.get("applied", 0) > 1000, f"Hermes applied too few events: {counts}")
         self.expect(counts.get("dead_lettered", 0) == 0, f"events dead-lettered: {counts}")
 
-        # Hermes away: routing goes on by the last good weights.
+        # Hermes away: routing goes on by the last good weights (the last
+        # it wrote, up to its exit: a graceful stop may still publish).
+        t_stop = await asyncio.to_thread(processes.stop, int(os.environ["HERMES_E2E_PID"]))
         before = self.snapshot()
-        os.kill(int(os.environ["HERMES_E2E_PID"]), signal.SIGTERM)
-        t_stop = time.time()
         await asyncio.sleep(30)
         seen = self.outcomes(t_stop, time.time())
         after = self.snapshot()
