@@ -356,7 +356,7 @@ fn opt_age(ms: Option<i64>) -> String {
     ms.map_or("-".into(), age)
 }
 
-use crate::service::status::fmt_signals as signals_text;
+use crate::present::fmt_signals as signals_text;
 
 impl ChannelPeriod {
     /// "HEALTHY 6d23h, AT_RISK 1m00s, …".
@@ -505,7 +505,7 @@ impl ChannelReport {
                 (self.html_channel(c))
             }
         };
-        crate::sim::report::html_page("Hermes channel report", REPORT_STYLE, body)
+        crate::present::html_page("Hermes channel report", REPORT_STYLE, body)
     }
 
     /// One channel's section: its state over the period, its incidents and

@@ -43,7 +43,9 @@
 //! - `dedup`: duplicate event ids within an event-time horizon.
 //! - `prefetch`: cache hints for the records a batch holds ahead of the one
 //!   being applied (changes speed only).
-//! - `text_table`: plain-text tables for the command line's reports.
+//! - `present`: what people read, in one style: the command line's
+//!   tables, signals as a phrase, the HTML page of the drill timeline and
+//!   the channel report.
 //!
 //! The **shell** translates between the world and engine calls:
 //! - `publish`: the weight snapshot format and fencing rule
@@ -85,6 +87,7 @@ pub mod event;
 pub mod health;
 pub mod id_table;
 pub mod prefetch;
+pub mod present;
 pub mod publish;
 pub mod redis_keys;
 pub mod replay;
@@ -97,6 +100,5 @@ pub mod short_str;
 pub mod signals;
 pub mod sim;
 pub mod state;
-pub mod text_table;
 pub mod wall_clock;
 pub mod window;

@@ -111,17 +111,62 @@ fn unit(key: &str) -> &'static str {
     }
 }
 
+/// A plain section of the file: its title, its defaults, and the struct
+/// (file, name) whose doc comments say what each key means.
+struct Section {
+    title: &'static str,
+    defaults: toml::Value,
+    file: &'static str,
+    ty: &'static str,
+}
+
+/// Every plain section (one struct, no layers), as the file lists them.
+fn plain_sections() -> Vec<Section> {
+    fn of<T: serde::Serialize + Default>(
+        title: &'static str,
+        file: &'static str,
+        ty: &'static str,
+    ) -> Section {
+        Section {
+            title,
+            defaults: toml::Value::try_from(T::default()).unwrap(),
+            file,
+            ty,
+        }
+    }
+    vec![
+        of::<KafkaConfig>("kafka", "src/config/runtime.rs", "KafkaConfig"),
+        of::<RedisConfig>("redis", "src/config/runtime.rs", "RedisConfig"),
+        of::<ServiceConfig>("service", "src/config/runtime.rs", "ServiceConfig"),
+        of::<EngineConfig>("engine", "src/config/engine.rs", "EngineConfig"),
+        of::<AlertConfig>("alerts", "src/config/alerts.rs", "AlertConfig"),
+        of::<ScheduleConfig>("schedule", "src/config/schedule.rs", "ScheduleConfig"),
+        of::<SafetyConfig>("safety", "src/config/schedule.rs", "SafetyConfig"),
+        Section {
+            title: "policy.states",
+            defaults: toml::Value::try_from(HealthPolicy::default().states).unwrap(),
+            file: "src/config/policy.rs",
+            ty: "StatePolicy",
+        },
+    ]
+}
+
+fn plain(title: &str) -> Section {
+    plain_sections()
+        .into_iter()
+        .find(|s| s.title == title)
+        .unwrap_or_else(|| panic!("no section {title}"))
+}
+
 /// One section's table: every documented field, with its default.
-fn section<T: serde::Serialize>(
-    out: &mut String,
-    title: &str,
-    reload: &str,
-    value: &T,
-    file: &str,
-    ty: &str,
-) {
-    let table = toml::Value::try_from(value).unwrap();
-    let table = table.as_table().unwrap();
+fn section(out: &mut String, reload: &str, sec: Section) {
+    let Section {
+        title,
+        defaults,
+        file,
+        ty,
+    } = sec;
+    let table = defaults.as_table().unwrap();
     let docs = field_docs(file, ty);
     for k in table.keys() {
         assert!(
@@ -205,9 +250,9 @@ fn signals(out: &mut String) {
     }
 }
 
-/// The built-in tier layers: what a free or paid channel's policy holds
-/// that differs from `[policy]`'s defaults.
-fn tiers(out: &mut String) {
+/// Each tier's built-in layer: a channel's initial weight and the policy
+/// keys (`key = value`) that differ from `[policy]`'s defaults.
+fn tier_layers() -> Vec<(Tier, f64, Vec<String>)> {
     let cfg = Config::from_toml(
         "[[groups]]\nid = \"g\"\n\
          [[groups.channels]]\nid = \"f\"\ntier = \"free\"\ncapacity_rps = 1.0\n\
@@ -215,24 +260,36 @@ fn tiers(out: &mut String) {
     )
     .unwrap();
     let base = flatten(&toml::Value::try_from(HealthPolicy::default()).unwrap());
+    [Tier::Free, Tier::Paid]
+        .into_iter()
+        .map(|tier| {
+            let ch = cfg.channels().find(|c| c.tier == tier).unwrap();
+            let mine = flatten(&toml::Value::try_from(ch.policy.as_ref()).unwrap());
+            let diff = mine
+                .iter()
+                .filter(|(k, v)| base.get(*k) != Some(*v))
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            (tier, ch.initial_weight, diff)
+        })
+        .collect()
+}
+
+/// The built-in tier layers: what a free or paid channel's policy holds
+/// that differs from `[policy]`'s defaults.
+fn tiers(out: &mut String) {
     out.push_str(
         "\n### Built-in tier layers\n\nWhat a channel of each tier starts from, where it \
          differs from the defaults above (`[tiers.<tier>.policy]` and a channel's own \
          `policy` are layered over these):\n\n| tier | initial weight | policy keys that differ |\n\
          |---|---|---|\n",
     );
-    for tier in [Tier::Free, Tier::Paid] {
-        let ch = cfg.channels().find(|c| c.tier == tier).unwrap();
-        let mine = flatten(&toml::Value::try_from(ch.policy.as_ref()).unwrap());
-        let diff: Vec<String> = mine
-            .iter()
-            .filter(|(k, v)| base.get(*k) != Some(*v))
-            .map(|(k, v)| format!("`{k} = {v}`"))
-            .collect();
+    for (tier, initial_weight, diff) in tier_layers() {
+        let diff: Vec<String> = diff.iter().map(|d| format!("`{d}`")).collect();
         out.push_str(&format!(
             "| `{}` | {} | {} |\n",
             tier.as_str(),
-            ch.initial_weight,
+            initial_weight,
             if diff.is_empty() {
                 "none".into()
             } else {
@@ -332,74 +389,18 @@ fn generate() -> String {
     let restart =
         "Read at start: an edit applies at the next restart (a warning names the section).";
     let mut out = String::new();
-    section(
-        &mut out,
-        "engine",
-        restart_engine,
-        &EngineConfig::default(),
-        "src/config/engine.rs",
-        "EngineConfig",
-    );
+    section(&mut out, restart_engine, plain("engine"));
     signals(&mut out);
-    section(
-        &mut out,
-        "policy.states",
-        live,
-        &HealthPolicy::default().states,
-        "src/config/policy.rs",
-        "StatePolicy",
-    );
+    section(&mut out, live, plain("policy.states"));
     tiers(&mut out);
     classes(&mut out);
-    section(
-        &mut out,
-        "schedule",
-        live,
-        &ScheduleConfig::default(),
-        "src/config/schedule.rs",
-        "ScheduleConfig",
-    );
-    section(
-        &mut out,
-        "safety",
-        live,
-        &SafetyConfig::default(),
-        "src/config/schedule.rs",
-        "SafetyConfig",
-    );
-    section(
-        &mut out,
-        "alerts",
-        live,
-        &AlertConfig::default(),
-        "src/config/alerts.rs",
-        "AlertConfig",
-    );
+    for title in ["schedule", "safety", "alerts"] {
+        section(&mut out, live, plain(title));
+    }
     catalogue(&mut out);
-    section(
-        &mut out,
-        "kafka",
-        restart,
-        &KafkaConfig::default(),
-        "src/config/runtime.rs",
-        "KafkaConfig",
-    );
-    section(
-        &mut out,
-        "redis",
-        restart,
-        &RedisConfig::default(),
-        "src/config/runtime.rs",
-        "RedisConfig",
-    );
-    section(
-        &mut out,
-        "service",
-        restart,
-        &ServiceConfig::default(),
-        "src/config/runtime.rs",
-        "ServiceConfig",
-    );
+    for title in ["kafka", "redis", "service"] {
+        section(&mut out, restart, plain(title));
+    }
     out
 }
 
@@ -550,15 +551,14 @@ fn inline(v: &toml::Value) -> String {
 
 /// `[title]` and each field of `ty` in declaration order: its doc's first
 /// sentence, then `key = default`.
-fn example_section<T: serde::Serialize>(
-    out: &mut String,
-    title: &str,
-    value: &T,
-    file: &str,
-    ty: &str,
-) {
-    let table = toml::Value::try_from(value).unwrap();
-    let table = table.as_table().unwrap();
+fn example_section(out: &mut String, sec: Section) {
+    let Section {
+        title,
+        defaults,
+        file,
+        ty,
+    } = sec;
+    let table = defaults.as_table().unwrap();
     out.push_str(&format!("\n[{title}]\n"));
     let mut sub_tables = Vec::new();
     for (k, doc) in fields_in_order(file, ty) {
@@ -659,23 +659,10 @@ fn example_policy(out: &mut String) {
             out.push_str(&format!("{k} = {}\n", inline(&signals[d.name][k.as_str()])));
         }
     }
-    example_section(
-        out,
-        "policy.states",
-        &HealthPolicy::default().states,
-        "src/config/policy.rs",
-        "StatePolicy",
-    );
+    example_section(out, plain("policy.states"));
 }
 
 fn example_tiers(out: &mut String) {
-    let cfg = Config::from_toml(
-        "[[groups]]\nid = \"g\"\n\
-         [[groups.channels]]\nid = \"f\"\ntier = \"free\"\ncapacity_rps = 1.0\n\
-         [[groups.channels]]\nid = \"p\"\ntier = \"paid\"\ncapacity_rps = 1.0\n",
-    )
-    .unwrap();
-    let base = flatten(&toml::Value::try_from(HealthPolicy::default()).unwrap());
     let docs = field_docs("src/config/catalogue.rs", "RawTier");
     out.push_str(
         "\n# Trust tiers. A channel's policy is layered: [policy] above, then the\n\
@@ -683,18 +670,11 @@ fn example_tiers(out: &mut String) {
          # `policy`. A key the built-in layer sets must be changed here, under the\n\
          # tier, not in [policy] (check-config warns when it is).\n",
     );
-    for tier in [Tier::Free, Tier::Paid] {
-        let ch = cfg.channels().find(|c| c.tier == tier).unwrap();
-        let mine = flatten(&toml::Value::try_from(ch.policy.as_ref()).unwrap());
-        let diff: Vec<String> = mine
-            .iter()
-            .filter(|(k, v)| base.get(*k) != Some(*v))
-            .map(|(k, v)| format!("{k} = {v}"))
-            .collect();
+    for (tier, initial_weight, diff) in tier_layers() {
         let t = tier.as_str();
         out.push_str(&format!("\n[tiers.{t}]\n"));
         out.push_str(&comment(&first_sentence(&docs["initial_weight"])));
-        out.push_str(&format!("initial_weight = {:?}\n", ch.initial_weight));
+        out.push_str(&format!("initial_weight = {initial_weight:?}\n"));
         if diff.is_empty() {
             out.push_str(&format!("# The built-in {t} layer changes nothing.\n"));
         } else {
@@ -746,56 +726,17 @@ normal = 2500.0
 fn example() -> String {
     let mut out = String::from(EXAMPLE_HEAD);
     out.push_str("\n# --- Where `hermes run` connects; the engine, `hermes simulate` and replay\n# ignore these, `hermes demo` fills them in itself. ---\n");
-    example_section(
-        &mut out,
-        "kafka",
-        &KafkaConfig::default(),
-        "src/config/runtime.rs",
-        "KafkaConfig",
-    );
-    example_section(
-        &mut out,
-        "redis",
-        &RedisConfig::default(),
-        "src/config/runtime.rs",
-        "RedisConfig",
-    );
-    example_section(
-        &mut out,
-        "service",
-        &ServiceConfig::default(),
-        "src/config/runtime.rs",
-        "ServiceConfig",
-    );
-    out.push_str("\n# --- The decisions (reload live, except [engine]'s window shape). ---\n");
-    example_section(
-        &mut out,
-        "engine",
-        &EngineConfig::default(),
-        "src/config/engine.rs",
-        "EngineConfig",
-    );
-    example_section(
-        &mut out,
-        "alerts",
-        &AlertConfig::default(),
-        "src/config/alerts.rs",
-        "AlertConfig",
-    );
-    example_section(
-        &mut out,
-        "schedule",
-        &ScheduleConfig::default(),
-        "src/config/schedule.rs",
-        "ScheduleConfig",
-    );
-    example_section(
-        &mut out,
-        "safety",
-        &SafetyConfig::default(),
-        "src/config/schedule.rs",
-        "SafetyConfig",
-    );
+    for sec in plain_sections() {
+        if sec.title == "policy.states" {
+            continue;
+        }
+        if sec.title == "engine" {
+            out.push_str(
+                "\n# --- The decisions (reload live, except [engine]'s window shape). ---\n",
+            );
+        }
+        example_section(&mut out, sec);
+    }
     example_classes(&mut out);
     example_policy(&mut out);
     example_tiers(&mut out);
@@ -847,32 +788,12 @@ fn the_example_config_shows_every_key_at_its_default() {
     );
     let mut shown = flatten(&toml::Value::Table(parsed.clone()));
     shown.retain(|k, _| !k.starts_with("groups"));
-    for (section, value) in [
-        (
-            "engine",
-            toml::Value::try_from(EngineConfig::default()).unwrap(),
-        ),
-        (
-            "alerts",
-            toml::Value::try_from(AlertConfig::default()).unwrap(),
-        ),
-        (
-            "schedule",
-            toml::Value::try_from(ScheduleConfig::default()).unwrap(),
-        ),
-        (
-            "safety",
-            toml::Value::try_from(SafetyConfig::default()).unwrap(),
-        ),
-        (
-            "service",
-            toml::Value::try_from(ServiceConfig::default()).unwrap(),
-        ),
-        (
-            "kafka",
-            toml::Value::try_from(KafkaConfig::default()).unwrap(),
-        ),
-    ] {
+    for Section {
+        title: section,
+        defaults: value,
+        ..
+    } in plain_sections()
+    {
         for key in flatten(&value).keys() {
             let path = format!("{section}.{key}");
             assert!(

@@ -21,6 +21,7 @@ const CORE: &[&str] = &[
     "health",
     "id_table",
     "prefetch",
+    "present",
     "publish",
     "redis_keys",
     "replay",
@@ -32,7 +33,6 @@ const CORE: &[&str] = &[
     "short_str",
     "sim",
     "state",
-    "text_table",
     "window",
 ];
 

@@ -189,7 +189,7 @@ fn encode(id: &str) -> String {
 
 /// `hermes ctl list` as a table for people.
 pub fn render_list(v: &serde_json::Value) -> String {
-    use hermes::text_table::{Align::Left, Table};
+    use hermes::present::{Align::Left, Table};
     let mut table = Table::new(&[
         ("TARGET", Left),
         ("ID", Left),

@@ -93,21 +93,10 @@ fn mode(g: &GroupRow) -> String {
     }
 }
 
-/// Signals and their contributions, for people (`-` when none).
-pub fn fmt_signals(s: &[(String, f64)]) -> String {
-    if s.is_empty() {
-        return "-".into();
-    }
-    s.iter()
-        .map(|(k, c)| format!("{k} {c:.2}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl StatusView {
     /// The tables for people, with the legend.
     pub fn render(&self) -> String {
-        use crate::text_table::{Align, Table};
+        use crate::present::{Align, Table};
         let mut s = String::new();
         let _ = writeln!(s, "{} at {}\n", self.source, utc(self.generated_ms));
         if self.groups.is_empty() {
@@ -163,7 +152,7 @@ impl StatusView {
                 c.group.clone(),
                 c.state.clone(),
                 c.score.map_or("-".into(), |v| format!("{v:.2}")),
-                fmt_signals(&c.signals),
+                crate::present::fmt_signals(&c.signals),
                 fmt_weights(&c.weights),
                 c.plan.clone().unwrap_or_else(|| "-".into()),
                 c.pin.clone().unwrap_or_else(|| "-".into()),

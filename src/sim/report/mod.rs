@@ -391,7 +391,7 @@ pub fn table(r: &Report) -> String {
 
 /// One row per channel.
 fn channel_table(channels: &[ChannelReport]) -> String {
-    use crate::text_table::{Align, Table};
+    use crate::present::{Align, Table};
     let mut columns = vec![("channel", Align::Left)];
     columns.extend(
         [

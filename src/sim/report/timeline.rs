@@ -2,7 +2,7 @@
 //! run, one self-contained page, built with `maud` (every value escaped).
 
 use super::*;
-use maud::{html, Markup, PreEscaped, DOCTYPE};
+use maud::{html, Markup};
 
 pub(super) fn state_color(s: crate::state::StateKind) -> &'static str {
     use crate::state::StateKind::*;
@@ -52,7 +52,7 @@ pub fn timeline_html(sc: &Scenario, run: &RunResult, report: &Report) -> String 
         h2 { "Report" }
         pre { (table(report)) }
     };
-    html_page("Hermes drill", STYLE, body)
+    crate::present::html_page("Hermes drill", STYLE, body)
 }
 
 /// When the group was in panic mode: the spans of samples whose plan gave
@@ -94,25 +94,6 @@ pub(super) fn reason_color(r: crate::schedule::ShareReason) -> Option<&'static s
         FailingInPanic => Some("#5b2c2c"),
         _ => None,
     }
-}
-
-/// A self-contained page (the drill timeline, the weekly channel report):
-/// a title, its style sheet and its body, one line.
-pub fn html_page(title: &str, style: &str, body: Markup) -> String {
-    let page = html! {
-        (DOCTYPE)
-        html {
-            head {
-                meta charset="utf-8";
-                title { (title) }
-                style { (PreEscaped(style)) }
-            }
-            body { (body) }
-        }
-    };
-    let mut out = page.into_string();
-    out.push('\n');
-    out
 }
 
 /// What the lines and colours mean.
