@@ -242,7 +242,8 @@ fn walk(t: &toml::Table, trail: &mut Vec<String>, f: &mut impl FnMut(&[String], 
     }
 }
 
-/// Sets `leaf` in `t`, replacing whatever is in the way.
+/// Sets `leaf` in `t`, replacing whatever is in the way; an empty table
+/// (the only table a leaf can be) merged onto a table changes nothing.
 fn set(t: &mut toml::Table, leaf: &[String], value: toml::Value) {
     let (last, parents) = leaf.split_last().expect("a leaf has a name");
     let mut at = t;
@@ -254,6 +255,9 @@ fn set(t: &mut toml::Table, leaf: &[String], value: toml::Value) {
             *slot = toml::Value::Table(Default::default());
         }
         at = slot.as_table_mut().expect("made a table above");
+    }
+    if value.is_table() && at.get(last).is_some_and(toml::Value::is_table) {
+        return;
     }
     at.insert(last.clone(), value);
 }

@@ -348,6 +348,18 @@ fn a_class_table_lists_only_what_it_changes() {
         batch.priority,
         default.get(crate::event::TrafficClass::Batch).priority
     );
+    // An empty table changes nothing; an unknown one is refused.
+    let cfg = Config::from_toml(&format!(
+        "{MINIMAL}\n[traffic_classes.core]\n[policy.states]\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.classes, default);
+    let all = issues(&format!("{MINIMAL}\n[policy.stats]\n"));
+    assert!(
+        all.iter()
+            .any(|i| i.contains("policy.stats: unknown key `stats`; did you mean `states`?")),
+        "{all:?}"
+    );
 }
 
 #[test]
