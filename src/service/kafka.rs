@@ -184,7 +184,7 @@ pub fn output_producer(
 /// away): past it the record is not enqueued and nothing is committed.
 const QUEUE_FULL_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Enqueues a record, waiting (up to [`QUEUE_FULL_PATIENCE`]) while the
+/// Enqueues a record, waiting (up to `QUEUE_FULL_PATIENCE`) while the
 /// local queue is full. Returns false only if it could not be enqueued at
 /// all (the caller must not commit).
 pub fn send(producer: &OutputProducer, mut rec: BaseRecord<'_, [u8], [u8]>) -> bool {
