@@ -83,33 +83,30 @@ impl Engine {
         hint: Option<ChannelHint>,
         out: &mut Vec<AlertEvent>,
     ) -> Result<(), ApplyError> {
-        let checked = self.check_live_clock(ev, wall_ms)?;
-        self.apply_checked(ev, checked, hint, out)
+        self.apply_live_once(ev, wall_ms, hint, || true, out)
+            .map(|_| ())
     }
 
-    /// Refuses an event stamped too far ahead of the wall clock, as
-    /// [`Engine::apply_live`] would, without applying it: for a caller that
-    /// keys its own state by event time (dedup) before applying, and then
-    /// applies it with [`Engine::apply_checked`].
-    pub fn check_live_clock(
+    /// [`Engine::apply_live_hinted`] for a caller that remembers which
+    /// events it has seen, keyed by event time (the service's dedup): once
+    /// the clock check let `ev` through, `first_seen` says whether it is
+    /// new, and a duplicate goes no further. The clock is checked before the
+    /// caller's memory is touched (a far-future time would expire every
+    /// remembered id) and once per event.
+    pub fn apply_live_once(
         &mut self,
         ev: &RequestEvent<'_>,
         wall_ms: i64,
-    ) -> Result<LiveClockChecked, ApplyError> {
-        self.check_clock(ev, crate::clock::Reference::Wall(wall_ms))?;
-        Ok(LiveClockChecked(()))
-    }
-
-    /// [`Engine::apply_live_hinted`] for an event [`Engine::check_live_clock`]
-    /// already let through: the clock is checked once per event.
-    pub fn apply_checked(
-        &mut self,
-        ev: &RequestEvent<'_>,
-        _checked: LiveClockChecked,
         hint: Option<ChannelHint>,
+        first_seen: impl FnOnce() -> bool,
         out: &mut Vec<AlertEvent>,
-    ) -> Result<(), ApplyError> {
-        self.apply_against(ev, None, hint, out)
+    ) -> Result<Admitted, ApplyError> {
+        self.check_clock(ev, crate::clock::Reference::Wall(wall_ms))?;
+        if !first_seen() {
+            return Ok(Admitted::Duplicate);
+        }
+        self.apply_against(ev, None, hint, out)?;
+        Ok(Admitted::Applied)
     }
 
     /// Refuses an event stamped too far ahead of `reference` (`clock`).

@@ -107,12 +107,26 @@ pub struct ChannelHint {
     idx: ChannelIdx,
 }
 
-/// An event's stamp passed the live clock check
-/// ([`Engine::check_live_clock`]): what [`Engine::apply_checked`] takes, so
-/// the check runs once per event, before the caller's own state (dedup)
-/// is keyed by the event's time.
+/// One channel as of the last evaluation ([`Engine::reading`]).
+#[derive(Debug)]
+pub struct ChannelReading<'a> {
+    pub health: ChannelHealth,
+    pub machine: &'a StateMachine,
+    pub signals: &'a Signals,
+    /// The windows' score and its breakdown (`None` before the first).
+    pub score: Option<&'a Score>,
+    /// See [`Engine::latency_median`].
+    pub latency_median_ms: Option<f64>,
+}
+
+/// What became of a live event ([`Engine::apply_live_once`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LiveClockChecked(());
+pub enum Admitted {
+    /// Recorded in its channel's windows.
+    Applied,
+    /// Already seen, by the caller's memory: not applied again.
+    Duplicate,
+}
 
 /// The table of `channels`' ids to their indexes.
 fn id_table(channels: &[ChannelRuntime]) -> IdTable {
@@ -519,6 +533,24 @@ impl Engine {
             view,
             secs,
         }
+    }
+
+    /// What a report of one channel reads, in one call: its health, state
+    /// machine, signals, score and median latency as of the last
+    /// evaluation; `None` for a channel no event of which reached this
+    /// engine (a partition reports only the channels it carries).
+    pub fn reading(&self, idx: ChannelIdx) -> Option<ChannelReading<'_>> {
+        if !self.has_events(idx) {
+            return None;
+        }
+        let ch = &self.channels[idx as usize];
+        Some(ChannelReading {
+            health: self.health(idx),
+            machine: &ch.machine,
+            signals: &ch.signals,
+            score: ch.score.as_ref(),
+            latency_median_ms: ch.latency_median,
+        })
     }
 
     /// Health of one channel as of the last evaluation.

@@ -19,7 +19,7 @@ use crate::backoff::Backoff;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{ApplyError, ChannelHint, ChannelIdx, Engine};
+use crate::engine::{Admitted, ApplyError, ChannelHint, ChannelIdx, Engine};
 use crate::event::RequestEvent;
 use crate::health::HealthReport;
 use crate::short_str::ShortStr;
@@ -338,30 +338,25 @@ impl Partition {
         if replayed && ev.event_time_ms < self.replay_floor_ms {
             return Ok(Applied::BelowReplayFloor);
         }
-        let refused = |e: ApplyError| Refused {
-            kind: e.kind(),
-            reason: e.to_string(),
+        let dedup = &mut self.dedup;
+        let first_seen = || {
+            let fingerprint = match hint.fingerprint {
+                0 => dedup.fingerprint(ev.gateway_id, ev.event_id, ev.event_time_ms),
+                f => f,
+            };
+            dedup.first_seen_fingerprint(fingerprint, ev.event_time_ms)
         };
-        let checked = self.engine.check_live_clock(ev, wall_ms).map_err(refused)?;
-        let fingerprint = match hint.fingerprint {
-            0 => self
-                .dedup
-                .fingerprint(ev.gateway_id, ev.event_id, ev.event_time_ms),
-            f => f,
-        };
-        if !self
-            .dedup
-            .first_seen_fingerprint(fingerprint, ev.event_time_ms)
-        {
-            return Ok(Applied::Duplicate);
-        }
         match self
             .engine
-            .apply_checked(ev, checked, hint.channel, &mut self.alerts)
+            .apply_live_once(ev, wall_ms, hint.channel, first_seen, &mut self.alerts)
         {
-            Ok(()) => Ok(Applied::Applied { replayed }),
+            Ok(Admitted::Applied) => Ok(Applied::Applied { replayed }),
+            Ok(Admitted::Duplicate) => Ok(Applied::Duplicate),
             Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
-            Err(e) => Err(refused(e)),
+            Err(e) => Err(Refused {
+                kind: e.kind(),
+                reason: e.to_string(),
+            }),
         }
     }
 

@@ -100,11 +100,10 @@ impl Partition {
         };
         let mut healths = Vec::new();
         for idx in touched {
-            if !self.engine.has_events(idx) {
+            let Some(reading) = self.engine.reading(idx) else {
                 continue;
-            }
-            let h = self.engine.health(idx);
-            let machine = self.engine.machine(idx);
+            };
+            let (h, machine) = (reading.health, reading.machine);
             if self.saved.get(&h.id) != Some(machine) {
                 self.saved.insert(h.id.clone(), machine.clone());
                 out.saves.push(StateWrite {
@@ -116,10 +115,9 @@ impl Partition {
                     },
                 });
             }
-            let measured = self.engine.signals(idx);
             // The report's top contributions (`h.signals`), by kind.
             let mut signals = [None; crate::health::TOP_SIGNALS];
-            let breakdown = self.engine.score(idx).map(|s| s.breakdown());
+            let breakdown = reading.score.map(|s| s.breakdown());
             for (slot, top) in signals.iter_mut().zip(breakdown.into_iter().flatten()) {
                 *slot = Some(top);
             }
@@ -131,11 +129,11 @@ impl Partition {
                 health_weight: h.weight,
                 pinned: h.pinned,
                 failure_rate: h.failure_rate,
-                p50_ms: self.engine.latency_median(idx),
+                p50_ms: reading.latency_median_ms,
                 p99_ms: h.p99_ms,
                 error_rate: h.error_rate,
                 signal_values: SignalKind::ALL
-                    .map(|k| measured.get(k).map_or(f64::NAN, |m| m.value)),
+                    .map(|k| reading.signals.get(k).map_or(f64::NAN, |m| m.value)),
             };
             out.gauges.push((idx, ShortStr::new(&h.id), g));
             healths.push(h);
