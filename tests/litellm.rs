@@ -10,7 +10,7 @@
 mod support;
 
 use std::process::Command;
-use support::{free_port, FakeRegistry, Hermes, RedisServer, Tansu};
+use support::{free_port, FakeRegistry, Hermes, Stack};
 
 const TOPICS: &[(&str, u32)] = &[
     ("hermes.requests", 3),
@@ -57,14 +57,12 @@ fn litellm_routes_around_a_sick_deployment_by_hermes_weights_and_keeps_routing_w
         eprintln!("skipped: python3 with litellm, confluent-kafka, redis and jsonschema not found");
         return;
     }
-    let kafka = Tansu::start(TOPICS);
-    let redis = RedisServer::start();
+    let stack = Stack::start(TOPICS);
+    let (kafka, redis, dir) = (&stack.kafka, &stack.redis, stack.dir());
     let registry = FakeRegistry::start();
-    let dir = std::env::temp_dir().join(format!("hermes-litellm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
     let mut hermes = Hermes::start(
-        &dir,
+        dir,
         "hermes",
         &config(&kafka.bootstrap(), &redis.url(), &registry.url, port),
         port,
@@ -104,5 +102,4 @@ fn litellm_routes_around_a_sick_deployment_by_hermes_weights_and_keeps_routing_w
         "the Python emitter registered the request schema: {subjects:?}"
     );
     hermes.kill();
-    let _ = std::fs::remove_dir_all(&dir);
 }

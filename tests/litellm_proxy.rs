@@ -13,7 +13,7 @@
 mod support;
 
 use std::process::Command;
-use support::{free_port, Hermes, RedisServer, Tansu};
+use support::{free_port, Hermes, Stack};
 
 const TOPICS: &[(&str, u32)] = &[
     ("hermes.requests", 3),
@@ -78,10 +78,8 @@ fn the_litellm_proxy_routes_by_hermes_at_the_default_timing() {
         eprintln!("skipped: python3 with the LiteLLM Proxy not found");
         return;
     }
-    let kafka = Tansu::start(TOPICS);
-    let redis = RedisServer::start();
-    let dir = std::env::temp_dir().join(format!("hermes-litellm-proxy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let stack = Stack::start(TOPICS);
+    let (kafka, redis, dir) = (&stack.kafka, &stack.redis, stack.dir());
     let ports: Vec<(&str, u16)> = CHANNELS.iter().map(|c| (*c, free_port())).collect();
     let config_yaml = dir.join("config.yaml");
     std::fs::write(&config_yaml, proxy_config(&ports)).unwrap();
@@ -120,7 +118,7 @@ fn the_litellm_proxy_routes_by_hermes_at_the_default_timing() {
         check.status.success() && !warnings.contains("warning"),
         "check-config: {warnings}"
     );
-    let mut hermes = Hermes::start(&dir, "hermes", &hermes_toml, http_port);
+    let mut hermes = Hermes::start(dir, "hermes", &hermes_toml, http_port);
 
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -171,5 +169,4 @@ fn the_litellm_proxy_routes_by_hermes_at_the_default_timing() {
         hermes.log_tail()
     );
     hermes.kill();
-    let _ = std::fs::remove_dir_all(&dir);
 }

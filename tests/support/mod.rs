@@ -3,8 +3,11 @@
 
 pub mod config;
 pub mod registry;
+pub mod stack;
 #[allow(unused_imports)] // not every test binary starts a registry
 pub use registry::FakeRegistry;
+#[allow(unused_imports)] // not every test binary starts a stack
+pub use stack::{Scratch, Stack};
 
 use hermes::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
 use std::net::TcpListener;
