@@ -1,7 +1,9 @@
 //! The dead-letter spike alarm: dead letters counted per reason over a
 //! sliding window of event time, raised when they pass the rule's rate.
 
-use super::*;
+use super::{AlertEvent, AlertKind};
+use crate::config::AlertConfig;
+use std::collections::BTreeMap;
 
 /// DECODE_ERROR_SPIKE: the share of records dead-lettered for one reason
 /// over a sliding window (`alerts.dead_letter_*`), on a clock the caller

@@ -1,7 +1,7 @@
 //! What a measurement reads from the OS: thread and process CPU time and
 //! resident memory.
 
-use super::*;
+use std::time::Duration;
 
 /// The CPU time between two readings of [`thread_cpu_time`] (`None` if
 /// either failed).

@@ -30,12 +30,11 @@
 
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
-use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use crate::event::RequestEvent;
 use crate::health::HealthReport;
 use crate::service::metrics::Metrics;
 use crate::service::partition::{Hint, Lookahead, OutputSink, Partition, Position, Step};
 use crate::service::state_store::StateWrite;
-use crate::sim::Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

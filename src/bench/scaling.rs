@@ -2,7 +2,8 @@
 //! over partitions, one thread against T, each thread owning its partitions
 //! as request loops do.
 
-use super::*;
+use super::{run, BenchOptions};
+use std::time::Instant;
 
 /// The request path on several threads: `partitions` partitions of
 /// `channels / partitions` channels each, run once on one thread and once

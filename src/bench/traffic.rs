@@ -2,7 +2,10 @@
 //! events by channel (even or Zipf-skewed, from one or several gateways
 //! with spread clocks), encoded as the gateways would send them.
 
-use super::*;
+use super::{BenchOptions, Mix, GROUP_SIZE, T0};
+use crate::codec::Encoder;
+use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
+use crate::sim::Rng;
 
 /// Picks the channel of each event.
 pub(super) struct Channels {

@@ -1,7 +1,8 @@
 //! Alert rules (`[alerts]`): severities, dedup, the quota and dead-letter
 //! alarms.
 
-use super::*;
+use super::Issues;
+use serde::{Deserialize, Serialize};
 
 /// Alert rules (docs/decisions.md#alerts-and-pages).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,9 @@
 //! The catalogue (`[[groups]]`, `[[groups.channels]]`, `[tiers]`): route
 //! groups and their channels, resolved with their tier's defaults.
 
-use super::*;
+use super::{builtin_initial_weight, deep_merge, HealthPolicy, Issues, RawConfig, TierPolicies};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// How far a channel is trusted; picks the policy layer and initial weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

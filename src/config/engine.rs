@@ -2,7 +2,8 @@
 //! channels are evaluated. Window shapes are fixed for an engine's life: a
 //! reload that changes them is refused until restart.
 
-use super::*;
+use super::Issues;
+use serde::{Deserialize, Serialize};
 
 /// How windows are sliced and when channels are evaluated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

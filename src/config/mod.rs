@@ -37,10 +37,8 @@ pub use runtime::*;
 pub use schedule::*;
 
 use crate::event::TrafficClass;
-use crate::signals::SignalPolicies;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// A config problem, naming the key at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

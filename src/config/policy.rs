@@ -2,7 +2,11 @@
 //! `policy`): signal bounds and weights, the state machine, and the layering
 //! that resolves a channel's policy from the built-in defaults up.
 
-use super::*;
+use super::{Issues, RawConfig, Tier};
+use crate::signals::SignalPolicies;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// One leg of the recovery schedule: while the recovery weight is below
 /// `until`, raise it by `step` every `every_ms`.

@@ -2,7 +2,9 @@
 //! timers (`[kafka]`, `[redis]`, `[service]`). Clients, topics, listeners
 //! and loops are built from them at start, so a reload never changes them.
 
-use super::*;
+use super::Issues;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The restart-only part of a config file.
 #[derive(Debug, Clone, Default, PartialEq)]

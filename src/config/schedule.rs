@@ -1,7 +1,9 @@
 //! Scheduling (`[schedule]`, `[traffic_classes]`) and group safety
 //! (`[safety]`): how a group's weights are planned.
 
-use super::*;
+use super::Issues;
+use crate::event::TrafficClass;
+use serde::{Deserialize, Serialize};
 
 /// Group-level safety (docs/decisions.md#safety-rails; the mechanism is in `safety`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

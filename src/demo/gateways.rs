@@ -2,7 +2,21 @@
 //! channel model on the wall clock, routing by the weights they read, and
 //! producing Avro request events keyed by channel.
 
-use super::*;
+use super::{status_table, DemoOptions};
+use crate::client::{ClientOptions, WeightClient};
+use crate::codec::Encoder;
+use crate::config::{Config, KafkaConfig};
+use crate::event::Dispatch;
+use crate::publish::{InProcessStore, WeightSnapshot};
+use crate::routing::{Pick, RoutingTable};
+use crate::service::{Service, Store};
+use crate::sim::scenario::{Behavior, Scenario};
+use crate::sim::{answer, Request, Rng};
+use anyhow::{anyhow, Context};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 /// Where gateways get their routing table from: the service's weight store
 /// (in process or Redis), with the static trust-tier table from the config

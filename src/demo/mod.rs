@@ -16,24 +16,18 @@
 //! `gateways` holds the simulated gateways (also `hermes gateways`).
 
 use crate::alert::AlertEvent;
-use crate::client::{ClientOptions, WeightClient};
-use crate::codec::Encoder;
-use crate::config::{Config, ConfigFile, KafkaConfig};
-use crate::event::Dispatch;
-use crate::publish::{InProcessStore, WeightSnapshot};
-use crate::routing::{Pick, RoutingTable};
+use crate::config::{ConfigFile, KafkaConfig};
 use crate::service::metrics::Metrics;
-use crate::service::{Service, Store};
-use crate::sim::scenario::{Behavior, Scenario};
-use crate::sim::{answer, Request, Rng};
+use crate::service::Service;
+use crate::sim::scenario::Scenario;
 use anyhow::{anyhow, Context};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, Producer};
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 mod gateways;
 pub use gateways::*;

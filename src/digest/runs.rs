@@ -2,7 +2,7 @@
 //! `u64` keys (mean's bits above weight's, in `total_cmp` order), merged
 //! pairwise into one sequence.
 
-use super::*;
+use super::{compress, compress_into, spare_centroids, Centroid, MergedDigest};
 
 /// Runs of centroids being gathered for one merged digest, with their
 /// summaries. Get one from [`gather`].

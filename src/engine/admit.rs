@@ -1,7 +1,9 @@
 //! Per event: find the channel, check lateness and the event's clock, record
 //! it in its windows, and take the consecutive-failure fast path.
 
-use super::*;
+use super::{Admitted, ApplyError, ChannelHint, ChannelIdx, Engine, Streaks};
+use crate::alert::{AlertEvent, Subject};
+use crate::event::{ErrorClass, RequestEvent};
 
 impl Engine {
     /// Hints where [`Engine::prefetch_entry`] will look `ev`'s channel up,

@@ -2,7 +2,13 @@
 //! reads from them (the AT_RISK bounds, the episode, the quota burn, the
 //! baseline).
 
-use super::*;
+use super::{ChannelRuntime, QuotaUse};
+use crate::config::ChannelConfig;
+use crate::score::{optimistic, pessimistic, score, Score};
+use crate::short_str::ShortStr;
+use crate::signals::{baseline_point, SignalKind, Signals};
+use crate::state::StateMachine;
+use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
 
 impl QuotaUse {
     pub(super) fn record(&mut self, t_ms: i64, period_ms: i64) {

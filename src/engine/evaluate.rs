@@ -2,7 +2,13 @@
 //! phase's groups measure, score, judge the group, step the machine and run
 //! the alert rules.
 
-use super::*;
+use super::{ChannelIdx, Engine};
+use crate::alert::{AlertEvent, AlertKind, Subject};
+use crate::safety::{PeerHealth, SafetyChange};
+use crate::score::{intermittent, score};
+use crate::signals::{measure, Horizon, SignalKind};
+use crate::state::{Change, Evaluation, StateKind};
+use crate::window::{FailureStreak, OutcomeWindow};
 
 impl Engine {
     /// Moves the watermark to `now_ms` (if later) and runs every evaluation

@@ -33,16 +33,15 @@
 //! windows); this file holds the types, configuration, pins, restore and
 //! the health a channel reports.
 
-use crate::alert::{AlertEvent, AlertKind, AlertRules, Subject};
+use crate::alert::{AlertEvent, AlertRules};
 use crate::config::{ChannelConfig, Config};
-use crate::event::{ErrorClass, RequestEvent};
 use crate::health::ChannelHealth;
 use crate::id_table::IdTable;
-use crate::safety::{GroupSafety, PeerHealth, SafetyChange};
-use crate::score::{intermittent, optimistic, pessimistic, score, Score};
+use crate::safety::GroupSafety;
+use crate::score::Score;
 use crate::short_str::ShortStr;
-use crate::signals::{baseline_point, measure, Horizon, SignalKind, Signals};
-use crate::state::{Change, Evaluation, Pin, StateKind, StateMachine};
+use crate::signals::{SignalKind, Signals};
+use crate::state::{Change, Pin, StateMachine};
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing, ViewCounters};
 use std::sync::Arc;
 

@@ -1,8 +1,9 @@
 use super::*;
+use crate::alert::AlertKind;
 use crate::codec::tests::sample_event;
 use crate::config::Tier;
-use crate::event::TrafficClass;
-use crate::state::TransitionReason;
+use crate::event::{ErrorClass, RequestEvent, TrafficClass};
+use crate::state::{StateKind, TransitionReason};
 
 const T0: i64 = 1_764_000_000_000;
 

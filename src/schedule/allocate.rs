@@ -2,7 +2,12 @@
 //! healthy ones, the budget, overflow to the least bad channel, smoothing,
 //! and the plan itself.
 
-use super::*;
+use super::{
+    fill, ChannelInput, ChannelPlan, ClassPlan, Ctx, Fractions, GroupInput, Plan, Rps, ShareReason,
+    EPS, PHANTOM_RPS,
+};
+use crate::event::TrafficClass;
+use crate::state::StateKind;
 
 /// Step 3: degraded channels carry their allowance. A channel on
 /// probation carries each class's fair part of its share, so no class lands

@@ -1,7 +1,70 @@
 //! The scheduler of a set of route groups: one plan per group per pass,
 //! manual mode, the correlated-failure judgement and the spend meter.
 
-use super::*;
+use super::{plan, ChannelInput, GroupInput, Plan};
+
+/// Plans every group of a config tick after tick, remembering the previous
+/// plan (smoothing, versions) and which groups are in manual mode.
+pub struct Scheduler {
+    cfg: std::sync::Arc<crate::config::Config>,
+    plans: Vec<Option<Plan>>,
+    manual: Vec<bool>,
+    /// Demand estimate per group and class (rps), see `plan_group`.
+    demand: Vec<[f64; 4]>,
+    /// Per group: the correlated-failure rule (`safety`) judged from the
+    /// health the writer sees, so a group whose channels sit on different
+    /// partitions (no one engine sees them all) is still planned like
+    /// static routing while it fails as a whole.
+    safety: Vec<crate::safety::GroupSafety>,
+    /// Per group: planned against measured spend.
+    spend: Vec<SpendMeter>,
+    /// Per group: in panic mode since (event time), as this writer saw it.
+    panic_since: Vec<Option<i64>>,
+}
+
+/// Planned against measured spend of one group (`GroupInput::spend_calibration`).
+///
+/// The measured side is each channel's cost over the demand window; the
+/// planned side is the projection of the plans in force over about the same
+/// span (an exponential average with the window as its time constant). Their
+/// ratio is smoothed over five windows, so one burst does not swing it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SpendMeter {
+    planned: Option<f64>,
+    ratio: Option<f64>,
+    at_ms: Option<i64>,
+}
+
+impl SpendMeter {
+    /// Folds in the plan that was in force up to `now_ms` and the spend
+    /// measured over the last `window_ms`; returns the calibration.
+    pub(super) fn update(
+        &mut self,
+        now_ms: i64,
+        in_force: Option<f64>,
+        measured: f64,
+        window_ms: i64,
+    ) -> f64 {
+        let dt = self.at_ms.map_or(window_ms, |t| (now_ms - t).max(0));
+        self.at_ms = Some(now_ms);
+        let Some(p) = in_force else {
+            return self.ratio.unwrap_or(1.0);
+        };
+        let a = (dt as f64 / window_ms as f64).clamp(0.0, 1.0);
+        let planned = self.planned.map_or(p, |x| x + a * (p - x));
+        self.planned = Some(planned);
+        if planned > 1e-6 && measured > 1e-6 {
+            let r = (measured / planned).clamp(0.5, 2.0);
+            let ar = a / 5.0;
+            self.ratio = Some(self.ratio.map_or(r, |x| x + ar * (r - x)));
+        }
+        self.ratio.unwrap_or(1.0)
+    }
+}
+
+/// Per tick, a held demand estimate decays by this factor toward what is
+/// observed (5 s ticks: halves in about three minutes).
+const HELD_DEMAND_DECAY: f64 = 0.98;
 
 impl Scheduler {
     pub fn new(cfg: std::sync::Arc<crate::config::Config>) -> Scheduler {

@@ -1,7 +1,12 @@
 //! Steps 1-3 of a plan: caps, trust shares, where each class would go with
 //! every channel healthy, and the fractions a degraded group starts from.
 
-use super::*;
+use super::{
+    cap_reasons, degraded_allowances, healthy_fill, keep_retry_paths, keep_to_budget,
+    overflow_to_least_bad, ChannelInput, Ctx, Fractions, Rps, ShareReason, EPS,
+};
+use crate::event::TrafficClass;
+use crate::state::StateKind;
 
 /// Fill `class` onto the channels in `order`, each limited by `room[j]`
 /// (and optionally its trust cap). Returns the demand left over.

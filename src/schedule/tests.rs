@@ -1,3 +1,4 @@
+use super::scheduler::SpendMeter;
 use super::*;
 use crate::config::ClassPolicies;
 use proptest::prelude::*;

@@ -2,7 +2,8 @@
 //! bounds: each kind of bad answer over the answers that can show it, and
 //! the readings since a channel went AT_RISK.
 
-use super::*;
+use super::{ratio, Horizons, Measurement, SignalKind, SignalPolicies};
+use crate::window::{Counters, SliceRing};
 
 /// The Wilson score interval's lower bound for a share `p` observed over
 /// `n` trials, at `z` standard deviations (one-sided): the smallest true

@@ -1,7 +1,12 @@
 //! One measurement pass: every signal of the table read from a channel's
 //! windows at one event time, each from the first view with enough samples.
 
-use super::*;
+use super::{
+    wilson_high, wilson_low, worst_outcome, Horizon, Horizons, LatencySummary, LatencyView,
+    Measurement, Method, Pop, Probation, SignalDef, SignalKind, SignalPolicies, Signals, SIGNALS,
+    SIGNAL_COUNT,
+};
+use crate::window::{Baseline, Counters, Digest, OutcomeWindow, SliceRing};
 
 /// Measures every signal at `now_ms`; the median latency too when `median`
 /// (see [`LatencySummary::p50_ms`]).

@@ -13,8 +13,7 @@
 //! signal's bounds, `failure_rate` the failure rate at its confidence
 //! bounds (per kind of bad answer, and since AT_RISK).
 
-use crate::window::{Baseline, Counters, Digest, OutcomeWindow, SliceRing};
-use serde::{Deserialize, Serialize};
+use crate::window::{Baseline, Counters, Digest, SliceRing};
 mod policy;
 pub use policy::*;
 mod measure;
@@ -477,6 +476,7 @@ pub fn baseline_point(signals: &Signals, policy: &SignalPolicies) -> (f64, f64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::OutcomeWindow;
 
     /// `Horizon::Recent` does not read it.
     const NOT_ON_PROBATION: Probation = Probation {

@@ -1,7 +1,8 @@
 //! Each signal's policy (weight, normal and degraded bounds, minimum
 //! samples) and the table of them, read from config by signal name.
 
-use super::*;
+use super::{SignalKind, POLICY_KEYS, SIGNALS, SIGNAL_COUNT};
+use serde::{Deserialize, Serialize};
 
 /// One signal's contribution: it maps linearly from 0 at `normal` to 1 at
 /// `degraded` (either direction: for output tokens lower is worse), is

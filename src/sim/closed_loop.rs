@@ -2,7 +2,21 @@
 //! retries, their routing by the current plan's weights, the upstreams'
 //! load, Hermes when it routes, and the tally.
 
-use super::*;
+use super::scenario::{Behavior, Scenario};
+use super::{
+    answer, quota_refused, ChannelRun, Completed, Request, Rng, Routing, RunResult, Sample,
+};
+use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
+use crate::composition::Composition;
+use crate::config::Config;
+use crate::event::{Dispatch, ErrorClass, RequestEvent, TrafficClass};
+use crate::publish::WeightSnapshot;
+use crate::routing::{Pick, RoutingTable};
+use crate::schedule::Scheduler;
+use crate::state::StateKind;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Pending {

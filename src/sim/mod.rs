@@ -21,17 +21,9 @@ pub mod report;
 pub mod scenario;
 
 use crate::alert::AlertEvent;
-use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
-use crate::composition::Composition;
 use crate::config::Config;
-use crate::event::{Dispatch, ErrorClass, FinishReason, RequestEvent, TrafficClass};
-use crate::publish::WeightSnapshot;
-use crate::routing::{Pick, RoutingTable};
-use crate::schedule::Scheduler;
 use crate::state::StateKind;
-use scenario::{Behavior, Fault, Scenario, SimChannel};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use scenario::Scenario;
 use std::sync::Arc;
 mod upstream;
 pub(crate) use upstream::*;

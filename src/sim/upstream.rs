@@ -2,7 +2,9 @@
 //! channel's profile, its active fault and its load, and the verdicts on it
 //! (harmed by the fault, failed for the user).
 
-use super::*;
+use super::scenario::{Behavior, Fault, SimChannel};
+use super::Rng;
+use crate::event::{ErrorClass, FinishReason, RequestEvent, TrafficClass};
 
 /// An attempt in flight or waiting to be retried.
 #[derive(Debug, Clone, Copy)]

@@ -2,7 +2,8 @@
 //! penalty, relapses and oscillation, a correlated failure's release, and
 //! the recovery schedule.
 
-use super::*;
+use super::{Change, ChannelState, Incident, StateKind, StateMachine, TransitionReason};
+use crate::config::StatePolicy;
 
 impl StateMachine {
     /// A drain of a channel that had earned weight back (see the module

@@ -47,7 +47,7 @@ mod pins;
 mod step;
 mod stored;
 
-use incident::{halved, next_weight, step_interval};
+use incident::halved;
 #[cfg(test)]
 mod tests;
 

@@ -1,6 +1,7 @@
 //! Operator pins: set, cleared, expired.
 
-use super::*;
+use super::{Change, Pin, StateMachine, TransitionReason};
+use crate::config::StatePolicy;
 
 impl StateMachine {
     /// Applies an operator pin. Recorded as a change (and so an alert).

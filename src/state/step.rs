@@ -2,7 +2,11 @@
 //! cool-down ends in OBSERVING, a probation passes into RECOVERING or
 //! relapses, recovery steps the weight back up.
 
-use super::*;
+use super::incident::{next_weight, step_interval};
+use super::{
+    enough_evidence, Change, ChannelState, Evaluation, StateKind, StateMachine, TransitionReason,
+};
+use crate::config::StatePolicy;
 
 impl StateMachine {
     /// One evaluation tick. `score` is `None` when no signal had enough

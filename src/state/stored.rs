@@ -8,8 +8,9 @@
 //! release can write the variant layout once no release that reads only
 //! the flat one runs.
 
-use super::*;
+use super::{ChannelState, Incident, Pin, StateMachine};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 
 /// A saved machine: the fields both layouts share, and the flat fields
 /// only the flat one has (absent in the variant one). Read in either

@@ -1,7 +1,7 @@
 //! What a slice counts of its attempts (real and probe apart), and which
 //! successful answers are bad.
 
-use super::*;
+use crate::event::{ErrorClass, RequestEvent};
 
 /// Counts for one population (real or probe) over one slice or a view.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -46,8 +46,7 @@
 //! `record` puts an event into its slice (staging, panes, retiring slices);
 //! this file holds the ring's shape and its views.
 
-use crate::digest::{self, MergedDigest, Runs};
-use crate::event::{ErrorClass, RequestEvent};
+use crate::digest;
 
 mod counters;
 mod outcomes;

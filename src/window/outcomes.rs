@@ -1,7 +1,7 @@
 //! The windows that are not slices of time: the last N outcomes however far
 //! apart, the current failure streak, and the healthy baseline.
 
-use super::*;
+use crate::event::ErrorClass;
 
 /// The last N outcomes, however far apart in time (docs/decisions.md#signals, incident 002).
 /// Only outcomes that say something about the channel count: a success or a

@@ -2,7 +2,12 @@
 //! digest kind and drained in batches), panes split off the newest slice,
 //! and slices retired as event time moves on.
 
-use super::*;
+use super::slice::{Pane, Slice, SliceDigests};
+use super::{
+    SliceRing, STAGE_KINDS, STAGE_LONG, STAGE_OUTPUT, STAGE_PROBE, STAGE_SHORT, STAGE_TTFB,
+};
+use crate::digest;
+use crate::event::{ErrorClass, RequestEvent};
 
 impl SliceRing {
     /// The slot of the slice holding event time `t`, recycled if it held an

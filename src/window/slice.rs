@@ -2,7 +2,10 @@
 //! batch values before they reach a digest, and the panes older slices'
 //! digests merge into.
 
-use super::*;
+use super::counters::Counters;
+use super::{STAGE_CAPACITY, STAGE_KINDS};
+use crate::digest;
+use crate::digest::{MergedDigest, Runs};
 
 /// Values of one slice waiting to be merged into its digests
 /// (`SliceRing::stage`), `STAGE_CAPACITY` per kind, kind after kind, in

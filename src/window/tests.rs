@@ -1,6 +1,7 @@
 use super::*;
 use crate::codec::tests::sample_event;
 use crate::config::EngineConfig;
+use crate::event::{ErrorClass, RequestEvent};
 
 fn cfg() -> EngineConfig {
     EngineConfig::default()

@@ -24,11 +24,11 @@
 //! `publish` takes the fenced epoch and writes the snapshot.
 
 use super::kafka::{self, OutputProducer};
-use super::metrics::{GroupGauges, Metrics};
+use super::metrics::Metrics;
 use super::overrides::Overrides;
 use super::ownership::Ownership;
 use crate::alert::{AlertEvent, AlertRules};
-use crate::board::{writer_partition, NotReady};
+use crate::board::writer_partition;
 use crate::composition::GroupPlanner;
 use crate::config::{Config, Runtime};
 use crate::health::HealthReport;

@@ -1,7 +1,11 @@
 //! Publishing a group's weights: the fenced epoch taken once per writer
 //! term, the snapshot written, and the group's gauges.
 
-use super::*;
+use super::GroupWriters;
+use crate::board::NotReady;
+use crate::publish::{WeightSnapshot, WriteOutcome};
+use crate::service::metrics::{GroupGauges, Metrics};
+use std::collections::BTreeMap;
 
 impl GroupWriters {
     /// Redis readiness from the last write or epoch take.

@@ -2,7 +2,16 @@
 //! at scrape time and encodes it with `prometheus-client` (instance
 //! counters and gauges, channel rows, group weights, split channels).
 
-use super::*;
+use super::{ChannelGauges, GroupGauges, Metrics};
+use crate::service::lock;
+use crate::state::StateKind;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Reads [`Metrics`] at scrape time for `prometheus-client`.
 #[derive(Debug)]

@@ -1,7 +1,10 @@
 //! Readiness: which dependency each request loop last found down, and the
 //! one answer `/readyz` gives for the instance.
 
-use super::*;
+use crate::service::lock;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
 /// A dependency `/readyz` reports on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -11,19 +11,15 @@
 //!
 //! `outputs` holds what a step produced and the one place it is emitted.
 
-use super::metrics::{ChannelGauges, Metrics};
 use super::overrides::Overrides;
-use super::state_store::{SavedState, StateWrite};
+use super::state_store::SavedState;
 use crate::alert::AlertEvent;
 use crate::backoff::Backoff;
-use crate::composition::{group_reports, ReportGate};
+use crate::composition::ReportGate;
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{Admitted, ApplyError, ChannelHint, ChannelIdx, Engine};
+use crate::engine::{Admitted, ApplyError, ChannelHint, Engine};
 use crate::event::RequestEvent;
-use crate::health::HealthReport;
-use crate::short_str::ShortStr;
-use crate::signals::SignalKind;
 use crate::state::{Pin, StateMachine};
 use std::collections::BTreeMap;
 use std::sync::Arc;

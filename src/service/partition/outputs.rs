@@ -2,7 +2,15 @@
 //! reports and gauge rows, and the one place they are emitted to an
 //! `OutputSink`.
 
-use super::*;
+use super::Partition;
+use crate::alert::AlertEvent;
+use crate::composition::group_reports;
+use crate::engine::ChannelIdx;
+use crate::health::HealthReport;
+use crate::service::metrics::{ChannelGauges, Metrics};
+use crate::service::state_store::{SavedState, StateWrite};
+use crate::short_str::ShortStr;
+use crate::signals::SignalKind;
 
 /// What a step of the engine produced, for the loop to emit.
 #[derive(Debug, Default)]

@@ -2,7 +2,12 @@
 //! deactivated or stashed as lost; assigned ones taken back, built or
 //! resumed.
 
-use super::*;
+use super::{Assigned, LostPartitions, RebalanceEvent};
+use crate::service::lock;
+use crate::service::metrics::Metrics;
+use crate::service::partition::Partition;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// Applies one rebalance event to the loop's partitions. Revoked ones are
 /// dropped (cooperative, handed over), deactivated (eager: the next

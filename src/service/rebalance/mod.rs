@@ -20,7 +20,7 @@ use rdkafka::producer::Producer;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 mod assignment;
@@ -490,6 +490,7 @@ impl ConsumerContext for RequestContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn known(position: Option<i64>, committed: Option<i64>, by_time: Option<i64>) -> Known {
         Known {

@@ -1,7 +1,17 @@
 //! The `Emitter`: the one place a loop's outputs (alerts, dead letters,
 //! health reports) leave for Kafka, with one failure policy.
 
-use super::*;
+use crate::config::Runtime;
+use crate::health::HealthReport;
+use crate::service::kafka;
+use crate::service::kafka::OutputProducer;
+use crate::service::metrics::Metrics;
+use crate::service::partition::{OutputSink, Outputs, Refused};
+use crate::service::state_store::{StateStore, StateWrite};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::BaseRecord;
+use rdkafka::Message;
+use std::sync::Arc;
 
 /// Every output of the request loop leaves through here, with one policy by
 /// what the output is:

@@ -2,7 +2,14 @@
 //! reloads, the operator's overrides, idle partitions' event time, and the
 //! request topic's partition count.
 
-use super::*;
+use super::{advance_idle, partition_count, LoopState, RequestConsumer};
+use crate::service::lock;
+use crate::service::metrics::Metrics;
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::producer::Producer;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 impl LoopState {
     /// Commits the stored offsets once every output produced so far is

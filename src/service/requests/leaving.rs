@@ -1,7 +1,11 @@
 //! The instance's request loops stopping together: each commits what it
 //! handled before any of them leaves the consumer group.
 
-use super::*;
+use super::{LoopState, RequestConsumer};
+use crate::service::{lock, rebalance};
+use rdkafka::consumer::CommitMode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// An instance's request loops stopping together. Each commits what it
 /// handled, then waits (at most `BROKER_TIMEOUT`) until every loop has
@@ -71,6 +75,7 @@ impl LoopState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn each_loop_waits_until_every_loop_committed() {

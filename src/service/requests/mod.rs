@@ -30,27 +30,19 @@
 
 use super::kafka::{self, OutputProducer};
 use super::lock;
-use super::metrics::{Dependency, Metrics};
+use super::metrics::Metrics;
 use super::overrides::Overrides;
 use super::ownership::Ownership;
-use super::partition::{
-    Applied, Hint, Lookahead, OutputSink, Outputs, Partition, Position, Refused, Step,
-};
+use super::partition::{Outputs, Partition, Position};
 use super::rebalance::{self, Assigned, LostPartitions, RequestContext, Shared};
 use super::registry::Registry;
-use super::state_store::{SavedState, StateStore, StateWrite};
-use crate::codec::{Decoder, NoRegistry, SchemaLookup, WireFormat};
+use super::state_store::{SavedState, StateStore};
+use crate::codec::{Decoder, WireFormat};
 use crate::config::{Config, Runtime};
-use crate::event::RequestEvent;
 use crate::health::HealthReport;
 use anyhow::Context as _;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::{BaseRecord, Producer};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
-use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 mod emitter;

@@ -2,7 +2,18 @@
 //! fetched once), deduplicated and applied to its partition's engine, and
 //! the offsets stored once the batch was handled.
 
-use super::*;
+use super::{LoopState, RequestConsumer, POLL_BATCH};
+use crate::codec::{Decoder, NoRegistry, SchemaLookup};
+use crate::event::RequestEvent;
+use crate::service::lock;
+use crate::service::metrics::{Dependency, Metrics};
+use crate::service::partition::{Applied, Hint, Lookahead, Refused, Step};
+use anyhow::Context as _;
+use rdkafka::consumer::Consumer;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::Message;
+use std::time::{Duration, Instant};
 
 /// A record read off the wire.
 pub(super) enum Decoded<'m> {

@@ -1,7 +1,8 @@
 //! The drill's HTML timeline: weight, state and score per channel over the
 //! run, one self-contained page, built with `maud` (every value escaped).
 
-use super::*;
+use super::{table, Report};
+use crate::sim::{RunResult, Scenario};
 use maud::{html, Markup};
 
 pub(super) fn state_color(s: crate::state::StateKind) -> &'static str {
