@@ -4,7 +4,7 @@
 //! assignment of every partition, from the end) and keeps the newest report
 //! of every channel ([`crate::board::GroupBoard`]). The writer of route
 //! group G is the instance that owns request partition
-//! [`writer_partition`]`(G)` in the request consumer group, so there is
+//! [`writer_partition`](crate::board::writer_partition)`(G)` in the request consumer group, so there is
 //! exactly one membership protocol and the writer role moves exactly when
 //! that partition moves. The writer
 //! re-plans G once per evaluation tick and writes the snapshot to Redis:
@@ -21,15 +21,14 @@
 //! Redis being down delays writes (retried every round) but never the
 //! request loop, which runs on its own thread.
 //!
-//! `publish` takes the fenced epoch and writes the snapshot.
+//! `writers` holds the groups this instance writes: it plans them, takes
+//! the fenced epoch and writes the snapshot.
 
 use super::kafka::{self, OutputProducer};
 use super::metrics::Metrics;
 use super::overrides::Overrides;
 use super::ownership::Ownership;
-use crate::alert::{AlertEvent, AlertRules};
-use crate::board::writer_partition;
-use crate::composition::GroupPlanner;
+use crate::alert::AlertEvent;
 use crate::config::{Config, Runtime};
 use crate::health::HealthReport;
 use crate::publish::redis::{PublishError, PublisherOptions, RedisPublisher};
@@ -37,12 +36,12 @@ use crate::publish::{InProcessStore, WeightSnapshot, WriteOutcome};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::Message;
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-mod publish;
+mod writers;
+
+use writers::GroupWriters;
 
 /// Where snapshots are written: Redis (the service), or in process (the
 /// embedded demo without Redis). Both fence by (epoch, version).
@@ -68,21 +67,6 @@ impl WeightSink {
             WeightSink::InProcess(s) => Ok(s.write(snap)),
         }
     }
-}
-
-/// One group this instance writes.
-#[derive(Default)]
-struct Writer {
-    epoch: Option<u64>,
-    version: u64,
-    /// Scheduler plan version last written.
-    plan_version: Option<u64>,
-    last_write_ms: i64,
-    /// Refused as stale: another writer owns the group.
-    fenced: bool,
-    /// Wall time a reported state change was handled, until the snapshot
-    /// that carries it is written (`hermes_decision_publish_seconds`).
-    change_at_ms: Option<i64>,
 }
 
 /// The Redis sink of a config.
@@ -159,140 +143,6 @@ async fn connect_health(
 /// `alerts.partition_split_horizon_ms`) run at least this often.
 const ROUND_MS: i64 = 500;
 
-/// The groups this instance writes: what they plan ([`GroupPlanner`]),
-/// where they write, and each one's fencing position.
-struct GroupWriters {
-    cfg: Arc<Config>,
-    runtime: Arc<Runtime>,
-    planner: GroupPlanner,
-    writers: BTreeMap<String, Writer>,
-    sink: WeightSink,
-    metrics: Arc<Metrics>,
-    /// The OVERRIDE alerts of operator commands carried out here.
-    rules: AlertRules,
-    /// Redis as readiness names it (password redacted).
-    redis_target: String,
-    /// When each (group, channel) was last alerted as split over partitions.
-    split_alerted: BTreeMap<(String, String), i64>,
-    /// The split check runs on the writer's round, not on every report.
-    next_split_check_ms: i64,
-}
-
-impl GroupWriters {
-    /// Operator freezes: every group written here is put in (or out of)
-    /// manual mode as the desired set says, each switch an OVERRIDE alert
-    /// naming who and why. Already as desired: nothing happens.
-    fn reconcile_freezes(&mut self, desired: &Overrides) -> Vec<AlertEvent> {
-        let now = crate::wall_clock::now_ms();
-        let mut alerts = Vec::new();
-        let groups: Vec<String> = self.writers.keys().cloned().collect();
-        for group in groups {
-            let want = desired.frozen(&group, now);
-            if self.planner.is_manual(&group) == want || !self.planner.set_manual(&group, want) {
-                continue;
-            }
-            let note = desired.groups.get(&group).map_or_else(
-                || "no operator override stored: it lapsed or was removed".to_string(),
-                |o| o.note(),
-            );
-            tracing::info!(%group, frozen = want, %note, "operator freeze reconciled");
-            let at = self.planner.watermark_ms(&group).unwrap_or(now);
-            alerts.push(self.rules.group_override(&group, want, at, &note));
-        }
-        alerts
-    }
-
-    /// Channels of the groups written here whose events reach more than
-    /// one request partition: the metric every round, a PARTITION_SPLIT
-    /// alert at most once per `alerts.partition_split_every_ms` each.
-    fn split_alerts(&mut self) -> Vec<AlertEvent> {
-        let now = crate::wall_clock::now_ms();
-        if now < self.next_split_check_ms {
-            return Vec::new();
-        }
-        self.next_split_check_ms = now + ROUND_MS;
-        let every = self.cfg.alerts.partition_split_every_ms;
-        let mut alerts = Vec::new();
-        let groups: Vec<String> = self.writers.keys().cloned().collect();
-        for group in groups {
-            let splits = self.planner.split_channels(&group, now);
-            for (channel, partitions) in &splits {
-                let key = (group.clone(), channel.clone());
-                if self
-                    .split_alerted
-                    .get(&key)
-                    .is_some_and(|at| now - at < every)
-                {
-                    continue;
-                }
-                tracing::warn!(%group, %channel, ?partitions, "a channel's events arrive on more than one request partition");
-                let at = self.planner.watermark_ms(&group).unwrap_or(now);
-                alerts.push(self.rules.partition_split(&group, channel, partitions, at));
-                self.split_alerted.insert(key, now);
-            }
-            self.metrics.set_splits(&group, splits);
-        }
-        alerts
-    }
-
-    /// Takes a health report; true when it carries a state change of a
-    /// group written here, to be planned and published now rather than at
-    /// the next round.
-    fn on_report(&mut self, r: HealthReport) -> bool {
-        let group = r.group.clone();
-        if !self.planner.on_report(r, crate::wall_clock::now_ms()) {
-            tracing::debug!(%group, "health report for a group not in the config");
-        }
-        self.writers.contains_key(&group) && self.planner.state_change_pending(&group)
-    }
-
-    /// A new policy: plans restart from the current health.
-    fn reconfigure(&mut self, cfg: Arc<Config>) {
-        self.planner.reconfigure(cfg.clone());
-        for w in self.writers.values_mut() {
-            w.plan_version = None;
-        }
-        self.writers
-            .retain(|g, _| cfg.groups.iter().any(|x| &x.id == g));
-        self.cfg = cfg;
-    }
-
-    /// Takes the groups whose writer partition this instance now owns, and
-    /// lets go of the others.
-    fn sync_ownership(&mut self, ownership: &Ownership) {
-        let n = ownership.request_partitions.load(Ordering::Relaxed);
-        let owned = ownership.owned();
-        for g in &self.cfg.groups {
-            let mine = n > 0 && owned.contains(&writer_partition(&g.id, n));
-            match (mine, self.writers.contains_key(&g.id)) {
-                (true, false) => {
-                    self.writers.insert(g.id.clone(), Writer::default());
-                }
-                (false, true) => {
-                    self.writers.remove(&g.id);
-                    self.planner.release(&g.id);
-                    self.metrics.forget_group(&g.id);
-                    tracing::info!(group = %g.id, "no longer this group's writer");
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// One round: every group written here that is not fenced takes its
-    /// epoch if it has none, plans if due, and publishes a changed plan or a
-    /// due heartbeat.
-    async fn on_tick(&mut self) {
-        let groups: Vec<String> = self.writers.keys().cloned().collect();
-        for group in groups {
-            if self.writers[&group].fenced || !self.ensure_epoch(&group).await {
-                continue;
-            }
-            self.publish(&group).await;
-        }
-    }
-}
-
 /// The group writers' loop: health reports in, snapshots out. A report
 /// with a state change is planned and published at once; everything else
 /// every 500 ms round.
@@ -358,18 +208,7 @@ pub async fn run(parts: GroupLoopParts) -> anyhow::Result<()> {
     let Some(consumer) = connect_health(&runtime, &metrics, &stop).await else {
         return Ok(());
     };
-    let mut writers = GroupWriters {
-        planner: GroupPlanner::new(cfg.clone()),
-        rules: AlertRules::new(cfg.alerts.clone()),
-        split_alerted: BTreeMap::new(),
-        next_split_check_ms: 0,
-        redis_target: crate::publish::redact_url(&runtime.redis.url),
-        cfg,
-        runtime,
-        writers: BTreeMap::new(),
-        sink,
-        metrics,
-    };
+    let mut writers = GroupWriters::new(cfg, runtime, sink, metrics);
     let mut round = tokio::time::interval(Duration::from_millis(ROUND_MS as u64));
     loop {
         tokio::select! {
