@@ -11,15 +11,18 @@
 //!
 //! `outputs` holds what a step produced and the one place it is emitted.
 
+use super::metrics::ChannelGauges;
 use super::overrides::Overrides;
-use super::state_store::SavedState;
+use super::state_store::{SavedState, StateWrite};
 use crate::alert::AlertEvent;
 use crate::backoff::Backoff;
-use crate::composition::ReportGate;
+use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
 use crate::engine::{Admitted, ApplyError, ChannelHint, Engine};
 use crate::event::RequestEvent;
+use crate::short_str::ShortStr;
+use crate::signals::SignalKind;
 use crate::state::{Pin, StateMachine};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -465,6 +468,85 @@ impl Partition {
             }
         }
         changed
+    }
+
+    /// An alert raised for this partition's records by a rule of the loop
+    /// (DECODE_ERROR_SPIKE); emitted with the next outputs.
+    pub fn raise(&mut self, alert: AlertEvent) {
+        self.alerts.push(alert);
+    }
+
+    /// What the engine produced since the last call. Alerts always; for the
+    /// channels evaluated (a phase of the interval) or changed between
+    /// phases (a drain must reach gateways in well under a second) since
+    /// then, also state saves, gauges and, once caught up, health reports.
+    /// `wall_ms` reads the wall clock for a report that carries a state
+    /// change.
+    pub fn outputs(&mut self, instance: &str, wall_ms: impl FnOnce() -> i64) -> Outputs {
+        let replaying = self.replaying();
+        self.replayed_last = false;
+        // Only what was evaluated or changed since the last call: a phase
+        // of the interval evaluates a few groups, and a change between
+        // phases one channel (the board keeps the rest).
+        let touched = self.engine.take_touched();
+        let due = self.gate.due(&self.engine, &self.alerts);
+        let mut out = Outputs {
+            partition: self.id,
+            ..Outputs::default()
+        };
+        if replaying {
+            self.alerts.clear();
+        } else {
+            out.alerts = std::mem::take(&mut self.alerts);
+        }
+        let (Some(changed), Some(watermark)) = (due, self.engine.watermark_ms()) else {
+            return out;
+        };
+        let mut healths = Vec::new();
+        for idx in touched {
+            let Some(reading) = self.engine.reading(idx) else {
+                continue;
+            };
+            let (h, machine) = (reading.health, reading.machine);
+            if self.saved.get(&h.id) != Some(machine) {
+                self.saved.insert(h.id.clone(), machine.clone());
+                out.saves.push(StateWrite {
+                    group: h.group.clone(),
+                    channel: h.id.clone(),
+                    state: SavedState {
+                        saved_at_ms: watermark,
+                        machine: machine.clone(),
+                    },
+                });
+            }
+            // The report's top contributions (`h.signals`), by kind.
+            let mut signals = [None; crate::health::TOP_SIGNALS];
+            let breakdown = reading.score.map(|s| s.breakdown());
+            for (slot, top) in signals.iter_mut().zip(breakdown.into_iter().flatten()) {
+                *slot = Some(top);
+            }
+            let g = ChannelGauges {
+                group: ShortStr::new(&h.group),
+                state: h.state.as_str(),
+                score: h.score,
+                signals,
+                health_weight: h.weight,
+                pinned: h.pinned,
+                failure_rate: h.failure_rate,
+                p50_ms: reading.latency_median_ms,
+                p99_ms: h.p99_ms,
+                error_rate: h.error_rate,
+                signal_values: SignalKind::ALL
+                    .map(|k| reading.signals.get(k).map_or(f64::NAN, |m| m.value)),
+            };
+            out.gauges.push((idx, ShortStr::new(&h.id), g));
+            healths.push(h);
+        }
+        if self.caught_up() && self.engine.is_warm() {
+            let changed_at = changed.then(wall_ms);
+            out.reports = group_reports(healths, watermark, instance, self.id, changed_at);
+        }
+        out
     }
 }
 
