@@ -1,7 +1,10 @@
 use super::*;
 use crate::codec::tests::sample_event;
 use crate::config::EngineConfig;
+use crate::digest;
 use crate::event::{ErrorClass, RequestEvent};
+use crate::window::slice::SliceDigests;
+use crate::window::{Baseline, FailureStreak, OutcomeWindow};
 
 fn cfg() -> EngineConfig {
     EngineConfig::default()
