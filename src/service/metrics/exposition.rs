@@ -107,8 +107,7 @@ pub(super) fn one(v: f64) -> [(Labels<'static>, f64); 1] {
 
 impl prometheus_client::collector::Collector for Exporter {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-        let m = &*self.0;
-        for (name, help, c) in m.counters() {
+        for (name, help, c) in self.counters() {
             counters(
                 &mut enc,
                 name,
@@ -116,39 +115,41 @@ impl prometheus_client::collector::Collector for Exporter {
                 [(Vec::new(), c.load(Ordering::Relaxed))],
             )?;
         }
-        m.encode_instance(&mut enc)?;
-        m.encode_channels(&mut enc)?;
-        m.encode_groups(&mut enc)
+        self.encode_instance(&mut enc)?;
+        self.encode_channels(&mut enc)?;
+        self.encode_groups(&mut enc)
     }
 }
 
-impl Metrics {
+impl Exporter {
     /// Every plain counter: name (without `_total`), help, value.
     pub(super) fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 17] {
+        let m = &*self.0;
         [
-            ("hermes_outputs_delivered", "Output records (alerts, dead letters, health reports) acknowledged by Kafka.", &self.outputs_delivered),
-            ("hermes_outputs_undelivered", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &self.outputs_undelivered),
-            ("hermes_health_reports_undelivered", "Health reports not delivered (best effort: the next one replaces them).", &self.health_reports_undelivered),
-            ("hermes_events_consumed", "Records read from the request topic.", &self.events_consumed),
-            ("hermes_events_applied", "Events applied to the engine.", &self.events_applied),
-            ("hermes_events_replayed", "Events re-applied to rebuild windows after an assignment.", &self.events_replayed),
-            ("hermes_events_duplicate", "Events ignored as duplicates (same gateway, event id and event time).", &self.duplicates),
-            ("hermes_events_too_late", "Events older than the allowed lateness.", &self.too_late),
-            ("hermes_alerts_produced", "Alert events produced.", &self.alerts_produced),
-            ("hermes_health_reports", "Health reports produced to the health topic.", &self.health_reports),
-            ("hermes_snapshots_written", "New snapshot versions written to Redis.", &self.snapshots_written),
-            ("hermes_snapshot_heartbeats", "Snapshot heartbeat refreshes.", &self.snapshot_heartbeats),
-            ("hermes_snapshot_failures", "Snapshot writes that failed after retries.", &self.snapshot_failures),
-            ("hermes_snapshots_refused_stale", "Snapshot writes refused because a newer writer owns the group.", &self.snapshots_refused_stale),
-            ("hermes_offset_commits", "Offset commits.", &self.commits),
-            ("hermes_config_reloads", "Config reloads applied.", &self.config_reloads),
-            ("hermes_config_reloads_rejected", "Config reloads refused (invalid file, or a restart-only change).", &self.config_reload_rejected),
+            ("hermes_outputs_delivered", "Output records (alerts, dead letters, health reports) acknowledged by Kafka.", &m.outputs_delivered),
+            ("hermes_outputs_undelivered", "Alerts and dead letters Kafka did not take; the instance stops without committing past them.", &m.outputs_undelivered),
+            ("hermes_health_reports_undelivered", "Health reports not delivered (best effort: the next one replaces them).", &m.health_reports_undelivered),
+            ("hermes_events_consumed", "Records read from the request topic.", &m.events_consumed),
+            ("hermes_events_applied", "Events applied to the engine.", &m.events_applied),
+            ("hermes_events_replayed", "Events re-applied to rebuild windows after an assignment.", &m.events_replayed),
+            ("hermes_events_duplicate", "Events ignored as duplicates (same gateway, event id and event time).", &m.duplicates),
+            ("hermes_events_too_late", "Events older than the allowed lateness.", &m.too_late),
+            ("hermes_alerts_produced", "Alert events produced.", &m.alerts_produced),
+            ("hermes_health_reports", "Health reports produced to the health topic.", &m.health_reports),
+            ("hermes_snapshots_written", "New snapshot versions written to Redis.", &m.snapshots_written),
+            ("hermes_snapshot_heartbeats", "Snapshot heartbeat refreshes.", &m.snapshot_heartbeats),
+            ("hermes_snapshot_failures", "Snapshot writes that failed after retries.", &m.snapshot_failures),
+            ("hermes_snapshots_refused_stale", "Snapshot writes refused because a newer writer owns the group.", &m.snapshots_refused_stale),
+            ("hermes_offset_commits", "Offset commits.", &m.commits),
+            ("hermes_config_reloads", "Config reloads applied.", &m.config_reloads),
+            ("hermes_config_reloads_rejected", "Config reloads refused (invalid file, or a restart-only change).", &m.config_reload_rejected),
         ]
     }
 
     /// Build, dependencies, warm-up, decision latency, dead letters,
     /// partitions held and consumer lag.
     pub(super) fn encode_instance(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let m = &*self.0;
         gauges(
             enc,
             "hermes_build_info",
@@ -156,7 +157,7 @@ impl Metrics {
             None,
             [(vec![("version", env!("CARGO_PKG_VERSION"))], 1.0)],
         )?;
-        let up = self.readiness.up();
+        let up = m.readiness.up();
         gauges(
             enc,
             "hermes_up",
@@ -170,7 +171,7 @@ impl Metrics {
             "hermes_partitions_catching_up",
             "Owned request partitions still replaying their window or catching up (no health reports from them yet).",
             None,
-            one(f64::from(self.readiness.catching_up())),
+            one(f64::from(m.readiness.catching_up())),
         )?;
         let h = enc.encode_descriptor(
             "hermes_decision_publish",
@@ -178,8 +179,8 @@ impl Metrics {
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
-        self.decision_publish.0.encode(h)?;
-        let by_kind = lock(&self.alerts_by_kind).clone();
+        m.decision_publish.0.encode(h)?;
+        let by_kind = lock(&m.alerts_by_kind).clone();
         counters(
             enc,
             "hermes_alerts",
@@ -196,14 +197,14 @@ impl Metrics {
                 )
             }),
         )?;
-        let dead = lock(&self.dead_letters).clone();
+        let dead = lock(&m.dead_letters).clone();
         counters(
             enc,
             "hermes_dead_letters",
             "Records sent to the dead-letter topic, by reason kind.",
             dead.iter().map(|(k, n)| (vec![("kind", *k)], *n)),
         )?;
-        let owned: Vec<String> = lock(&self.owned)
+        let owned: Vec<String> = lock(&m.owned)
             .values()
             .flatten()
             .map(|p| p.to_string())
@@ -215,7 +216,7 @@ impl Metrics {
             None,
             owned.iter().map(|p| (vec![("partition", p.as_str())], 1.0)),
         )?;
-        let lag: Vec<(String, i64)> = lock(&self.lag)
+        let lag: Vec<(String, i64)> = lock(&m.lag)
             .iter()
             .map(|(p, l)| (p.to_string(), *l))
             .collect();
@@ -231,7 +232,8 @@ impl Metrics {
 
     /// Per channel this instance evaluates.
     pub(super) fn encode_channels(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let channels = self.channels();
+        let m = &*self.0;
+        let channels = m.channels();
         let rows = |f: &dyn Fn(&ChannelGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
             channels
                 .iter()
@@ -294,8 +296,9 @@ impl Metrics {
 
     /// Per group this instance writes.
     pub(super) fn encode_groups(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let m = &*self.0;
         self.encode_splits(enc)?;
-        let groups = lock(&self.groups).clone();
+        let groups = lock(&m.groups).clone();
         self.encode_weights(enc, &groups)?;
         let now = crate::wall_clock::now_ms();
         let per_group = |f: &dyn Fn(&GroupGauges) -> Option<f64>| -> Vec<(Labels<'_>, f64)> {
@@ -368,7 +371,8 @@ impl Metrics {
 
     /// Channels whose events reach more than one request partition.
     pub(super) fn encode_splits(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
-        let splits = lock(&self.splits).clone();
+        let m = &*self.0;
+        let splits = lock(&m.splits).clone();
         let split_rows: Vec<(String, String, String, f64)> = splits
             .iter()
             .flat_map(|(g, chans)| {
@@ -402,6 +406,7 @@ impl Metrics {
         enc: &mut DescriptorEncoder,
         groups: &BTreeMap<String, GroupGauges>,
     ) -> std::fmt::Result {
+        let m = &*self.0;
         let mut weights = Vec::new();
         let mut shed = Vec::new();
         for (group, g) in groups {
@@ -436,7 +441,7 @@ impl Metrics {
             None,
             shed,
         )?;
-        let changes = lock(&self.weight_changes).clone();
+        let changes = lock(&m.weight_changes).clone();
         counters(
             enc,
             "hermes_channel_weight_changes",

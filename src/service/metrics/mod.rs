@@ -18,7 +18,7 @@ use std::sync::Mutex;
 mod readiness;
 pub use readiness::*;
 mod exposition;
-use exposition::*;
+use exposition::Exporter;
 
 /// One channel as its partition owner last evaluated it. Fixed size, no
 /// heap block of its own: the request thread writes it over the last one
