@@ -71,6 +71,7 @@ pub fn kernel_thp_mode() -> Option<String> {
 
 /// The process's resident anonymous memory in transparent huge pages
 /// (`AnonHugePages`, Linux): whether the advice took effect.
+#[cfg(feature = "cli")] // `hermes bench`
 pub fn resident_huge_page_bytes() -> Option<u64> {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
     let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;

@@ -195,6 +195,7 @@ impl Dedup {
 
     /// True the first time an event is seen within the horizon; false for
     /// a duplicate (counted).
+    #[cfg(test)]
     pub fn first_seen(&mut self, gateway_id: &str, event_id: &str, event_time_ms: i64) -> bool {
         let fingerprint = self.fingerprint(gateway_id, event_id, event_time_ms);
         self.first_seen_fingerprint(fingerprint, event_time_ms)
@@ -247,11 +248,13 @@ impl Dedup {
         }
     }
 
+    #[cfg(test)]
     pub fn duplicates(&self) -> u64 {
         self.duplicates
     }
 
     /// Events currently remembered.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.tables
             .iter()
@@ -262,11 +265,8 @@ impl Dedup {
             .sum()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Bytes the tables hold.
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.tables.iter().map(|t| t.slots.len()).sum::<usize>() * std::mem::size_of::<u64>()
     }

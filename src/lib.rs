@@ -67,38 +67,53 @@
 //! - `main.rs` and `src/cli/`: the command line (a binary-only module
 //!   tree, one file per command with its arguments and its `run`; the
 //!   control API's client is there too).
+//!
+//! # The public face
+//! What a gateway or an embedding program uses is public: events and the
+//! codec, config, the engine and its composition, the weight snapshot, the
+//! client and routing, and the service's `run` and its control vocabulary
+//! (`service::overrides`, `service::state_store`, `service::status`). The
+//! engine's inner rooms (digests, dedup, clocks, the allocator, hints) are
+//! crate-private, and so are the service's loops. The command line's own
+//! tools (`demo`, `sim`, `replay`, `channel_report`, `bench`) are behind
+//! the default `cli` feature: `default-features = false` leaves them out.
 
 pub mod alert;
-pub mod allocator;
-pub mod backoff;
+pub(crate) mod allocator;
+pub(crate) mod backoff;
+#[cfg(feature = "cli")]
 pub mod bench;
 pub mod board;
+#[cfg(feature = "cli")]
 pub mod channel_report;
 pub mod client;
-pub mod clock;
+pub(crate) mod clock;
 pub mod codec;
 pub mod composition;
 pub mod config;
-pub mod dedup;
+pub(crate) mod dedup;
+#[cfg(feature = "cli")]
 pub mod demo;
-pub mod digest;
+pub(crate) mod digest;
 pub mod engine;
 pub mod event;
 pub mod health;
-pub mod id_table;
-pub mod prefetch;
+pub(crate) mod id_table;
+pub(crate) mod prefetch;
 pub mod present;
 pub mod publish;
 pub mod redis_keys;
+#[cfg(feature = "cli")]
 pub mod replay;
 pub mod routing;
-pub mod safety;
+pub(crate) mod safety;
 pub mod schedule;
-pub mod score;
+pub(crate) mod score;
 pub mod service;
-pub mod short_str;
+pub(crate) mod short_str;
 pub mod signals;
+#[cfg(feature = "cli")]
 pub mod sim;
 pub mod state;
 pub mod wall_clock;
-pub mod window;
+pub(crate) mod window;

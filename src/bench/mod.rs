@@ -2,9 +2,9 @@
 //! capacity planning.
 //!
 //! It runs what `hermes run` runs per record, minus Kafka: decode (plain
-//! Avro), then one [`Partition`] (dedup, engine, outputs), one partition
+//! Avro), then one `Partition` (dedup, engine, outputs), one partition
 //! holding every channel, on one thread, and emits the outputs as the
-//! service does ([`Outputs::emit`](crate::service::partition::Outputs::emit):
+//! service does (`Outputs::emit`:
 //! alerts encoded, gauges into a metrics registry, health reports as
 //! JSON) to a sink that drops them where the service hands them to Kafka.
 //! Traffic is `rate` events per second per channel on average (uniform, or
@@ -131,7 +131,7 @@ pub struct BenchReport {
     pub evaluations: u64,
     /// The process's resident memory in transparent huge pages at the end
     /// (`AnonHugePages`, Linux): whether the allocator's advice
-    /// ([`crate::allocator`]) took effect on this machine.
+    /// (`crate::allocator`) took effect on this machine.
     #[serde(default)]
     pub huge_page_bytes: Option<u64>,
 }

@@ -16,7 +16,7 @@ impl Engine {
 
     /// Looks `ev`'s channel up (`id_hash`: its [`Engine::prefetch_lookup`])
     /// and hints the parts of its entry that applying it reads (see
-    /// [`crate::prefetch`]); the second step, once the lookup's slot had
+    /// `crate::prefetch`); the second step, once the lookup's slot had
     /// time to load.
     pub fn prefetch_entry(&self, ev: &RequestEvent<'_>, id_hash: u64) -> Option<ChannelHint> {
         let idx = self.by_id.get_hashed(ev.channel_id, id_hash)?;

@@ -25,19 +25,19 @@
 //! config watcher. Any loop failing stops the process with an error: what it
 //! had not committed is handled again by the instance that takes over.
 
-pub mod groups;
-pub mod http;
+pub(crate) mod groups;
+pub(crate) mod http;
 pub mod kafka;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod overrides;
-pub mod ownership;
-pub mod partition;
-pub mod rebalance;
-pub mod registry;
-pub mod requests;
+pub(crate) mod ownership;
+pub(crate) mod partition;
+pub(crate) mod rebalance;
+pub(crate) mod registry;
+pub(crate) mod requests;
 pub mod state_store;
 pub mod status;
-pub mod topics;
+pub(crate) mod topics;
 
 use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;

@@ -51,7 +51,9 @@ mod outcomes;
 mod ring;
 mod slice;
 
-pub use counters::{is_bad_answer, Counters, ViewCounters};
+#[cfg(test)]
+pub(crate) use counters::is_bad_answer;
+pub use counters::{Counters, ViewCounters};
 pub use outcomes::{Baseline, FailureStreak, OutcomeWindow};
 
 pub use ring::{RingShape, SliceRing};

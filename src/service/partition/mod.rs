@@ -50,7 +50,7 @@ pub struct Position {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// Applied live (`replayed`: below `resume_at`, windows only).
-    Applied { replayed: bool },
+    Recorded { replayed: bool },
     /// Replayed, and older than every window: skipped.
     BelowReplayFloor,
     /// The same event (gateway, event id, event time) was seen within the
@@ -69,7 +69,7 @@ pub struct Refused {
 }
 
 /// How far ahead of the record being applied a loop over a batch of
-/// decoded records hints memory (see [`crate::prefetch`]): the entry first,
+/// decoded records hints memory (see `crate::prefetch`): the entry first,
 /// the windows it points to once the entry had time to arrive.
 pub struct Lookahead;
 
@@ -248,7 +248,7 @@ impl Partition {
     }
 
     /// Pauses at `offset` for the schema registry; the delay
-    /// ([`Backoff::LONG`]: 1 s, doubling to 30 s while it stays down) is
+    /// (`Backoff::LONG`: 1 s, doubling to 30 s while it stays down) is
     /// returned.
     pub fn pause_at(&mut self, offset: i64) -> std::time::Duration {
         let mut backoff = self.registry_wait.map_or(Backoff::LONG, |w| w.backoff);
@@ -315,6 +315,7 @@ impl Partition {
     /// A record the engine's clock check refuses (stamped too far ahead of
     /// the wall clock) is refused before dedup: a far-future time would
     /// expire every remembered id.
+    #[cfg(test)]
     pub fn apply(
         &mut self,
         ev: &RequestEvent,
@@ -349,7 +350,7 @@ impl Partition {
             .engine
             .apply_live_once(ev, wall_ms, hint.channel, first_seen, &mut self.alerts)
         {
-            Ok(Admitted::Applied) => Ok(Applied::Applied { replayed }),
+            Ok(Admitted::Applied) => Ok(Applied::Recorded { replayed }),
             Ok(Admitted::Duplicate) => Ok(Applied::Duplicate),
             Err(ApplyError::TooLate { .. }) => Ok(Applied::TooLate),
             Err(e) => Err(Refused {
@@ -404,6 +405,7 @@ impl Partition {
     }
 
     /// Evaluation ticks the engine has run (per channel evaluated).
+    #[cfg(feature = "cli")] // `hermes bench`
     pub fn evaluations(&self) -> u64 {
         self.engine.stats().evaluations
     }
@@ -590,7 +592,7 @@ mod tests {
         let mut p = partition(0);
         let t = 1_764_000_000_000;
         let e = event("free-a", t, "e1");
-        assert_eq!(p.apply(&e, 0, t), Ok(Applied::Applied { replayed: false }));
+        assert_eq!(p.apply(&e, 0, t), Ok(Applied::Recorded { replayed: false }));
         p.handled(0, Instant::now());
         assert_eq!(p.apply(&e, 1, t), Ok(Applied::Duplicate));
         let ahead = event("free-a", t + 3_600_000, "e2");

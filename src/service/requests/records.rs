@@ -190,8 +190,8 @@ impl LoopState {
             }
         };
         match &verdict {
-            Ok(Applied::Applied { replayed: false }) => Metrics::inc(&self.metrics.events_applied),
-            Ok(Applied::Applied { replayed: true }) => Metrics::inc(&self.metrics.events_replayed),
+            Ok(Applied::Recorded { replayed: false }) => Metrics::inc(&self.metrics.events_applied),
+            Ok(Applied::Recorded { replayed: true }) => Metrics::inc(&self.metrics.events_replayed),
             Ok(Applied::Duplicate) => Metrics::inc(&self.metrics.duplicates),
             Ok(Applied::TooLate) => Metrics::inc(&self.metrics.too_late),
             Ok(Applied::BelowReplayFloor) => {}
