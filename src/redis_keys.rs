@@ -32,6 +32,16 @@ pub fn state_key(group: &str) -> String {
     format!("hermes:{{{group}}}:state")
 }
 
+/// The group of a `hermes:{GROUP}:…` key (`None` for any other key).
+pub fn group_of_key(key: &str) -> Option<&str> {
+    key.strip_prefix("hermes:{")?
+        .split_once("}:")
+        .map(|(g, _)| g)
+}
+
+/// The `SCAN MATCH` patterns of every group's snapshot and saved state.
+pub const GROUP_KEY_PATTERNS: [&str; 2] = ["hermes:{*}:weights", "hermes:{*}:state"];
+
 /// Marks a Redis dataset that holds Hermes' saved state. Its absence means
 /// Redis lost its data (restarted empty, flushed): every instance then
 /// saves all of its channels' state again (`service::state_store`).
@@ -133,3 +143,15 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_their_group() {
+        assert_eq!(group_of_key(&snapshot_key("chat")), Some("chat"));
+        assert_eq!(group_of_key("hermes:{a:b}:state"), Some("a:b"));
+        assert_eq!(group_of_key("other"), None);
+    }
+}

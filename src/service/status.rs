@@ -9,6 +9,7 @@ use crate::publish::WeightSnapshot;
 use crate::wall_clock::{age, utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use redis::AsyncCommands;
 use std::fmt::Write;
 
 /// One route group.
@@ -235,6 +236,59 @@ impl StatusView {
             self.channels.push(c);
         }
         self.groups.push(row);
+    }
+}
+
+impl StatusView {
+    /// The fleet as the Redis at `url` holds it: every group with a
+    /// snapshot or saved state machines, every channel in them, and the
+    /// overrides (`hermes status`; needs no instance). Connecting and each
+    /// answer wait at most 3 s.
+    pub async fn from_redis(url: &str) -> anyhow::Result<StatusView> {
+        use crate::redis_keys::{group_of_key, snapshot_key, state_key, GROUP_KEY_PATTERNS};
+        use std::collections::BTreeSet;
+        let redacted = crate::publish::redact_url(url);
+        let client = redis::Client::open(url)
+            .map_err(|e| anyhow::anyhow!("bad redis url {redacted}: {e}"))?;
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
+            .set_response_timeout(Some(std::time::Duration::from_secs(3)));
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+            .map_err(|e| anyhow::anyhow!("redis {redacted}: {e}"))?;
+        let mut groups = BTreeSet::new();
+        for pattern in GROUP_KEY_PATTERNS {
+            let opts = redis::ScanOptions::default()
+                .with_pattern(pattern)
+                .with_count(1000);
+            let mut keys = c.scan_options::<String>(opts).await?;
+            while let Some(k) = futures_util::StreamExt::next(&mut keys).await {
+                groups.extend(group_of_key(&k?).map(str::to_string));
+            }
+        }
+        let mut view = StatusView {
+            source: format!("hermes status: redis {redacted}"),
+            generated_ms: crate::wall_clock::now_ms(),
+            ..Default::default()
+        };
+        for group in groups {
+            let raw: Option<String> = c.get(snapshot_key(&group)).await?;
+            let snap = raw.and_then(|r| serde_json::from_str::<WeightSnapshot>(&r).ok());
+            let fields: BTreeMap<String, String> = c.hgetall(state_key(&group)).await?;
+            let machines = fields
+                .into_iter()
+                .filter_map(|(ch, json)| {
+                    serde_json::from_str::<SavedState>(&json)
+                        .ok()
+                        .map(|s| (ch, s))
+                })
+                .collect();
+            view.add_group(&group, snap, machines);
+        }
+        let overrides: BTreeMap<String, String> =
+            c.hgetall(crate::redis_keys::OVERRIDES_KEY).await?;
+        Ok(view.with_overrides(&Overrides::from_fields(overrides)))
     }
 }
 
