@@ -5,7 +5,6 @@ use anyhow::{bail, Context};
 use hermes::channel_report::{build, read_json_lines};
 use hermes::config::KafkaConfig;
 use hermes::wall_clock::parse_utc_ms;
-use rdkafka::Message;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -99,75 +98,9 @@ fn from_topic(
         bail!("say where the alerts are: --alerts FILE, --config FILE or --bootstrap BROKERS");
     }
     let topic = a.topic.clone().unwrap_or(kafka.alert_topic.clone());
-    let (alerts, bad) = read_alerts(&kafka, &topic, Duration::from_secs(60))?;
+    let (alerts, bad) = hermes::service::read_alerts(&kafka, &topic, Duration::from_secs(60))?;
     if bad > 0 {
         eprintln!("{bad} records on {topic} did not decode as alerts; left out");
     }
     Ok(alerts)
-}
-
-/// Every alert on `topic`, from the beginning of each partition to the high
-/// watermark it had when the read began (the alert topic is low-volume;
-/// offsets-for-times is not relied on: tansu and the mock cluster cannot be
-/// trusted with it). Returns the alerts and how many records did not
-/// decode. A plain assignment: no consumer group is joined or committed.
-fn read_alerts(
-    kafka: &KafkaConfig,
-    topic: &str,
-    timeout: Duration,
-) -> anyhow::Result<(Vec<hermes::alert::AlertEvent>, usize)> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let c: BaseConsumer = hermes::service::kafka::client_config(kafka)
-        .set("group.id", "hermes-report")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let meta = c.fetch_metadata(Some(topic), timeout)?;
-    let partitions: Vec<i32> = meta
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        anyhow::bail!("topic {topic} has no partitions (does it exist?)");
-    }
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    let mut ends = std::collections::BTreeMap::new();
-    for p in &partitions {
-        let (low, high) = c.fetch_watermarks(topic, *p, timeout)?;
-        if high > low {
-            tpl.add_partition_offset(topic, *p, rdkafka::Offset::Beginning)?;
-            ends.insert(*p, high);
-        }
-    }
-    let (mut alerts, mut undecodable) = (Vec::new(), 0);
-    if ends.is_empty() {
-        return Ok((alerts, undecodable));
-    }
-    c.assign(&tpl)?;
-    let deadline = std::time::Instant::now() + timeout;
-    while !ends.is_empty() {
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!(
-                "reading {topic}: partitions {:?} not read to their end in {timeout:?}",
-                ends.keys().collect::<Vec<_>>()
-            );
-        }
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                match m.payload().map(hermes::alert::AlertEvent::from_record) {
-                    Some(Ok(a)) => alerts.push(a),
-                    _ => undecodable += 1,
-                }
-                if ends
-                    .get(&m.partition())
-                    .is_some_and(|end| m.offset() + 1 >= *end)
-                {
-                    ends.remove(&m.partition());
-                }
-            }
-            Some(Err(e)) => tracing::warn!(error = %e, "reading {topic}"),
-            None => {}
-        }
-    }
-    Ok((alerts, undecodable))
 }

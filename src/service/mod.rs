@@ -27,7 +27,7 @@
 
 pub(crate) mod groups;
 pub(crate) mod http;
-pub mod kafka;
+pub(crate) mod kafka;
 pub(crate) mod metrics;
 pub mod overrides;
 pub(crate) mod ownership;
@@ -38,6 +38,8 @@ pub(crate) mod requests;
 pub mod state_store;
 pub mod status;
 pub(crate) mod topics;
+
+pub use kafka::read_alerts;
 
 use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;

@@ -7,9 +7,9 @@ use super::overrides::{Action, Overrides};
 use super::state_store::SavedState;
 use crate::publish::WeightSnapshot;
 use crate::wall_clock::{age, utc};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use redis::AsyncCommands;
 use std::fmt::Write;
 
 /// One route group.

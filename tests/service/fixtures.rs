@@ -452,3 +452,17 @@ pub(crate) fn start_hermes(stack: &Stack, name: &str, cooldown_ms: i64) -> Herme
         config(brokers, redis, port, cooldown_ms)
     })
 }
+
+/// Runs the `hermes` binary with `args`; returns (success, stdout, stderr).
+pub(crate) fn hermes_cli(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hermes"))
+        .args(args)
+        .env_remove("HERMES_CONTROL_TOKEN")
+        .output()
+        .expect("running hermes");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}

@@ -7,20 +7,6 @@ use hermes::publish::WeightSnapshot;
 use rdkafka::message::Message;
 use std::time::Duration;
 
-/// Runs the `hermes` binary with `args`; returns (success, stdout, stderr).
-fn hermes_cli(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hermes"))
-        .args(args)
-        .env_remove("HERMES_CONTROL_TOKEN")
-        .output()
-        .expect("running hermes");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 /// docs/operating.md#steering-pins-and-freezes: an operator drains a channel from the CLI, sees it in
 /// `hermes status` (from Redis, no instance asked) and on the instance's
 /// metrics, the OVERRIDE alert names who and why, the drain holds across a

@@ -104,6 +104,24 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
             "alerts are keyed by channel"
         );
     }
+
+    // The weekly report reads the same alert stream off the broker, to its
+    // end, and finds free-a's drain in it.
+    let prefix = stack.dir().join("report");
+    let (ok, out, err) = hermes_cli(&[
+        "report",
+        "--bootstrap",
+        &stack.kafka.bootstrap(),
+        "--out",
+        &prefix.display().to_string(),
+    ]);
+    assert!(ok, "hermes report: {err}");
+    assert!(
+        out.starts_with(&format!("{} alerts, ", decoded.len())),
+        "every alert on the topic is read: {out}"
+    );
+    let md = std::fs::read_to_string(prefix.with_extension("md")).expect("the report");
+    assert!(md.contains("free-a"), "{md}");
 }
 
 /// Produces one hand-made record to the request topic, waiting while the
