@@ -2,13 +2,79 @@
 //! reads from them (the AT_RISK bounds, the episode, the quota burn, the
 //! baseline).
 
-use super::{ChannelRuntime, QuotaUse};
 use crate::config::ChannelConfig;
 use crate::score::{optimistic, pessimistic, score, Score};
 use crate::short_str::ShortStr;
 use crate::signals::{baseline_point, SignalKind, Signals};
 use crate::state::StateMachine;
 use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing};
+
+/// One channel's state. `repr(C)` keeps the fields every event reads
+/// (admitting and recording it) together at the start, then the ring, whose
+/// own hot fields come first: [`ChannelRuntime::prefetch_hot`] hints only
+/// those lines, not a dozen scattered over the entry (see
+/// [`crate::prefetch`]). Everything after is read by evaluation ticks.
+#[repr(C)]
+pub(super) struct ChannelRuntime {
+    // --- read by every event ---
+    /// `cfg.group`, inline: every event is checked against it.
+    pub(super) group_id: ShortStr,
+    pub(super) last_event_ms: Option<i64>,
+    /// Restored state: up to this event time the machine already reflects
+    /// what a replay feeds the windows, so it does not step again.
+    pub(super) frozen_until_ms: Option<i64>,
+    /// Latest unsent-request report naming this channel (demand only).
+    pub(super) last_unsent_ms: Option<i64>,
+    pub(super) outcomes: OutcomeWindow,
+    pub(super) streak: FailureStreak,
+    pub(super) probe_streak: u32,
+    /// `cfg.quota.is_some()`: events are counted against it.
+    pub(super) counts_quota: bool,
+    /// In [`Engine::touched`] already.
+    pub(super) touched: bool,
+    pub(super) ring: SliceRing,
+    // --- read by evaluation ticks and changes ---
+    pub(super) cfg: ChannelConfig,
+    /// Position of the channel's group in the config (`Engine::safety`).
+    pub(super) group_idx: usize,
+    pub(super) baseline: Baseline,
+    pub(super) machine: StateMachine,
+    pub(super) score: Option<Score>,
+    /// The score at the rate signals' confidence bounds (relapses, passes).
+    pub(super) score_low: Option<f64>,
+    pub(super) score_high: Option<f64>,
+    /// AT_RISK only: the score with the failure rate read over the whole
+    /// episode (see `signals::bad_outcome_rate_episode`).
+    pub(super) score_episode: Option<Score>,
+    pub(super) signals: Signals,
+    pub(super) next_baseline_ms: Option<i64>,
+    /// The median latency last read (`engine.latency_median_interval_ms`)
+    /// and when it is read next.
+    pub(super) latency_median: Option<f64>,
+    pub(super) next_median_ms: i64,
+    /// The configured quota's use in the current period, for gateways that
+    /// do not report `quota_remaining`.
+    pub(super) quota: QuotaUse,
+    /// When the channel's weight last came back from 0 or fell: its
+    /// traffic before then says nothing of what it gets now (the silence
+    /// rule, `Engine::channel_alarms`). `None`: unchanged since the engine
+    /// started.
+    pub(super) weight_since_ms: Option<i64>,
+    /// The channel's traffic with its weight as it is, as of the last
+    /// evaluation that saw an event: (events, over how many ms). What a
+    /// silence is measured against.
+    pub(super) traffic: Option<(u32, i64)>,
+}
+
+/// Attempts counted against a channel's configured `quota` per period
+/// (docs/decisions.md#signals: remaining quota and burn rate → time to exhaustion). Only used
+/// while no gateway reports the upstream's own `quota_remaining`: a report
+/// is the upstream's word and wins.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct QuotaUse {
+    pub(super) period_start_ms: i64,
+    pub(super) used: u64,
+}
 
 impl QuotaUse {
     pub(super) fn record(&mut self, t_ms: i64, period_ms: i64) {

@@ -34,19 +34,20 @@
 //! the health a channel reports.
 
 use crate::alert::{AlertEvent, AlertRules};
-use crate::config::{ChannelConfig, Config};
+use crate::config::Config;
 use crate::health::ChannelHealth;
 use crate::id_table::IdTable;
 use crate::safety::GroupSafety;
 use crate::score::Score;
-use crate::short_str::ShortStr;
 use crate::signals::{SignalKind, Signals};
 use crate::state::{Change, Pin, StateMachine};
-use crate::window::{Baseline, FailureStreak, OutcomeWindow, SliceRing, ViewCounters};
+use crate::window::ViewCounters;
 use std::sync::Arc;
 
 mod admit;
 mod channel;
+
+use channel::ChannelRuntime;
 mod evaluate;
 #[cfg(test)]
 mod tests;
@@ -155,73 +156,6 @@ pub struct EngineStats {
     pub future_timestamp: u64,
     /// Applied events that reported an unsent request (demand only).
     pub unsent: u64,
-}
-
-/// One channel's state. `repr(C)` keeps the fields every event reads
-/// (admitting and recording it) together at the start, then the ring, whose
-/// own hot fields come first: [`ChannelRuntime::prefetch_hot`] hints only
-/// those lines, not a dozen scattered over the entry (see
-/// [`crate::prefetch`]). Everything after is read by evaluation ticks.
-#[repr(C)]
-struct ChannelRuntime {
-    // --- read by every event ---
-    /// `cfg.group`, inline: every event is checked against it.
-    group_id: ShortStr,
-    last_event_ms: Option<i64>,
-    /// Restored state: up to this event time the machine already reflects
-    /// what a replay feeds the windows, so it does not step again.
-    frozen_until_ms: Option<i64>,
-    /// Latest unsent-request report naming this channel (demand only).
-    last_unsent_ms: Option<i64>,
-    outcomes: OutcomeWindow,
-    streak: FailureStreak,
-    probe_streak: u32,
-    /// `cfg.quota.is_some()`: events are counted against it.
-    counts_quota: bool,
-    /// In [`Engine::touched`] already.
-    touched: bool,
-    ring: SliceRing,
-    // --- read by evaluation ticks and changes ---
-    cfg: ChannelConfig,
-    /// Position of the channel's group in the config (`Engine::safety`).
-    group_idx: usize,
-    baseline: Baseline,
-    machine: StateMachine,
-    score: Option<Score>,
-    /// The score at the rate signals' confidence bounds (relapses, passes).
-    score_low: Option<f64>,
-    score_high: Option<f64>,
-    /// AT_RISK only: the score with the failure rate read over the whole
-    /// episode (see `signals::bad_outcome_rate_episode`).
-    score_episode: Option<Score>,
-    signals: Signals,
-    next_baseline_ms: Option<i64>,
-    /// The median latency last read (`engine.latency_median_interval_ms`)
-    /// and when it is read next.
-    latency_median: Option<f64>,
-    next_median_ms: i64,
-    /// The configured quota's use in the current period, for gateways that
-    /// do not report `quota_remaining`.
-    quota: QuotaUse,
-    /// When the channel's weight last came back from 0 or fell: its
-    /// traffic before then says nothing of what it gets now (the silence
-    /// rule, `Engine::channel_alarms`). `None`: unchanged since the engine
-    /// started.
-    weight_since_ms: Option<i64>,
-    /// The channel's traffic with its weight as it is, as of the last
-    /// evaluation that saw an event: (events, over how many ms). What a
-    /// silence is measured against.
-    traffic: Option<(u32, i64)>,
-}
-
-/// Attempts counted against a channel's configured `quota` per period
-/// (docs/decisions.md#signals: remaining quota and burn rate → time to exhaustion). Only used
-/// while no gateway reports the upstream's own `quota_remaining`: a report
-/// is the upstream's word and wins.
-#[derive(Debug, Clone, Copy, Default)]
-struct QuotaUse {
-    period_start_ms: i64,
-    used: u64,
 }
 
 /// The health engine for a set of channels sharing one watermark.
