@@ -70,7 +70,11 @@ fn root() -> PathBuf {
 fn modules() -> Vec<String> {
     let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
     lib.lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("pub mod ")
+                .or_else(|| l.strip_prefix("pub(crate) mod "))
+        })
         .map(|m| m.trim_end_matches(';').to_string())
         .collect()
 }
