@@ -42,282 +42,14 @@
 use crate::config::StatePolicy;
 use std::collections::VecDeque;
 
-mod incident;
-mod pins;
+mod kinds;
 mod step;
 mod stored;
 
-use incident::halved;
+use kinds::halved;
+pub use kinds::*;
 #[cfg(test)]
 mod tests;
-
-/// The state without its data: for labels, metrics and alert events.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub enum StateKind {
-    Healthy,
-    AtRisk,
-    Drained,
-    Observing,
-    Recovering,
-}
-
-impl StateKind {
-    /// Every state, in the machine's order.
-    pub const ALL: [StateKind; 5] = [
-        StateKind::Healthy,
-        StateKind::AtRisk,
-        StateKind::Drained,
-        StateKind::Observing,
-        StateKind::Recovering,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StateKind::Healthy => "HEALTHY",
-            StateKind::AtRisk => "AT_RISK",
-            StateKind::Drained => "DRAINED",
-            StateKind::Observing => "OBSERVING",
-            StateKind::Recovering => "RECOVERING",
-        }
-    }
-}
-
-impl std::fmt::Display for StateKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A channel's state and the data that state needs.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum ChannelState {
-    /// Full weight. Consecutive evaluations at or above `at_risk_enter`
-    /// and `drain_enter` so far (the confirmations of a move down).
-    Healthy { over_at_risk: u32, over_drain: u32 },
-    /// Reduced weight since `since_ms`. Consecutive evaluations at or above
-    /// `drain_enter`, and below `at_risk_exit`, so far.
-    AtRisk {
-        since_ms: i64,
-        over_drain: u32,
-        under_exit: u32,
-    },
-    /// Weight 0 until `until_ms` (the cool-down end).
-    Drained {
-        since_ms: i64,
-        until_ms: i64,
-        incident: Incident,
-    },
-    /// Half-open share; `passes` consecutive passing evaluations so far.
-    Observing {
-        since_ms: i64,
-        passes: u32,
-        incident: Incident,
-    },
-    /// Stepping back up: `weight` now, next step at `next_step_ms`; the
-    /// probation began (OBSERVING entered) at `probation_since_ms`.
-    Recovering {
-        since_ms: i64,
-        weight: f64,
-        next_step_ms: i64,
-        probation_since_ms: i64,
-        incident: Incident,
-    },
-}
-
-/// What an incident carries from the drain that opens it until the channel
-/// is HEALTHY again (through DRAINED, OBSERVING and RECOVERING).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Incident {
-    /// When it began (its first drain, or a relapse while recovering).
-    pub since_ms: i64,
-    /// The decayed penalty just before it began: what a release for a
-    /// correlated failure (not this channel's fault) restores.
-    pub penalty_before: f64,
-    /// Probations since the channel was drained from service that relapsed
-    /// on an intermittent reading, and for how long in all they had looked
-    /// clean (see `StatePolicy::intermittent_hold_factor`).
-    pub intermittent_relapses: u32,
-    pub intermittent_clean_ms: i64,
-    /// A probation relapsed on something else: the fault is sustained, and a
-    /// later relapse that reads intermittent is its leftovers (slow attempts
-    /// begun before it ended), not a pulse.
-    pub sustained_relapse: bool,
-    /// The incident began on an intermittent reading.
-    pub intermittent_drain: bool,
-}
-
-impl ChannelState {
-    /// HEALTHY with no confirmation counted.
-    pub const HEALTHY: ChannelState = ChannelState::Healthy {
-        over_at_risk: 0,
-        over_drain: 0,
-    };
-
-    pub fn kind(&self) -> StateKind {
-        match self {
-            ChannelState::Healthy { .. } => StateKind::Healthy,
-            ChannelState::AtRisk { .. } => StateKind::AtRisk,
-            ChannelState::Drained { .. } => StateKind::Drained,
-            ChannelState::Observing { .. } => StateKind::Observing,
-            ChannelState::Recovering { .. } => StateKind::Recovering,
-        }
-    }
-}
-
-/// Why a channel's state or weight changed: its own type for observability.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum TransitionReason {
-    /// Score at or above `at_risk_enter` for `evaluations` evaluations.
-    ScoreAtRisk { score: f64, evaluations: u32 },
-    /// Score below `at_risk_exit` for `evaluations` evaluations.
-    ScoreRecovered { score: f64, evaluations: u32 },
-    /// Score at or above `drain_enter` for `evaluations` evaluations.
-    ScoreDrain { score: f64, evaluations: u32 },
-    /// The fast path: `n` consecutive hard failures.
-    ConsecutiveFailures { n: u32 },
-    /// Cool-down of `cooldown_ms` elapsed.
-    CooldownElapsed { cooldown_ms: i64 },
-    /// `passes` consecutive passing evaluations while observing.
-    ObservationPassed { passes: u32 },
-    /// A failing evaluation while observing or recovering.
-    Relapse { score: f64 },
-    /// A recovery step was taken.
-    RecoveryStep { weight: f64 },
-    /// The recovery schedule reached full weight.
-    RecoveryComplete,
-    /// The route group's failure is correlated (docs/decisions.md#safety-rails, panic mode): a
-    /// channel drained by the common cause is let back at once.
-    CorrelatedFailure,
-    /// An operator pin took effect.
-    PinApplied,
-    /// An operator pin expired or was cleared.
-    PinReleased,
-}
-
-impl std::fmt::Display for TransitionReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TransitionReason::ScoreAtRisk { score, evaluations } => {
-                write!(
-                    f,
-                    "score_at_risk(score={score:.3}, evaluations={evaluations})"
-                )
-            }
-            TransitionReason::ScoreRecovered { score, evaluations } => {
-                write!(
-                    f,
-                    "score_recovered(score={score:.3}, evaluations={evaluations})"
-                )
-            }
-            TransitionReason::ScoreDrain { score, evaluations } => {
-                write!(
-                    f,
-                    "score_drain(score={score:.3}, evaluations={evaluations})"
-                )
-            }
-            TransitionReason::ConsecutiveFailures { n } => write!(f, "consecutive_failures(n={n})"),
-            TransitionReason::CooldownElapsed { cooldown_ms } => {
-                write!(f, "cooldown_elapsed(cooldown_ms={cooldown_ms})")
-            }
-            TransitionReason::ObservationPassed { passes } => {
-                write!(f, "observation_passed(passes={passes})")
-            }
-            TransitionReason::Relapse { score } => write!(f, "relapse(score={score:.3})"),
-            TransitionReason::RecoveryStep { weight } => {
-                write!(f, "recovery_step(weight={weight:.2})")
-            }
-            TransitionReason::RecoveryComplete => f.write_str("recovery_complete"),
-            TransitionReason::CorrelatedFailure => f.write_str("correlated_failure"),
-            TransitionReason::PinApplied => f.write_str("pin_applied"),
-            TransitionReason::PinReleased => f.write_str("pin_released"),
-        }
-    }
-}
-
-/// One change of state or weight, as the machine reports it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Change {
-    pub at_ms: i64,
-    pub from: StateKind,
-    pub to: StateKind,
-    pub reason: TransitionReason,
-    pub weight_before: f64,
-    pub weight_after: f64,
-}
-
-impl Change {
-    pub fn is_transition(&self) -> bool {
-        self.from != self.to
-    }
-}
-
-/// An operator override (docs/decisions.md#score-and-states manual mode).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum PinKind {
-    /// Weight 0 whatever the health.
-    Drain,
-    /// This health weight factor, in [0, 1].
-    Weight(f64),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Pin {
-    pub kind: PinKind,
-    /// The pin lapses at this event time; `None` holds until cleared.
-    pub until_ms: Option<i64>,
-}
-
-/// What one evaluation tick tells the machine.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Evaluation {
-    /// The channel's score; `None` when no signal had enough samples to
-    /// vote (neither confirms nor refutes anything). For an AT_RISK channel
-    /// the worse of its windows' reading and the reading over the whole
-    /// episode since the view that put it there: at its reduced weight the
-    /// windows hold too few answers to confirm a drain.
-    pub score: Option<f64>,
-    /// The score at the rate signals' confidence bound (see
-    /// `score::optimistic`): a channel on probation relapses only when this
-    /// reaches `relapse_score`. For an AT_RISK channel it reads what the
-    /// channel did since it went AT_RISK, and a drain needs it at
-    /// `at_risk_exit` or above. `None`: judge on `score`.
-    pub score_low: Option<f64>,
-    /// The score at the rate signals' other confidence bound (see
-    /// `score::pessimistic`): an OBSERVING evaluation passes only when this
-    /// is below `observe_pass_score` too. `None`: judge on `score`.
-    pub score_high: Option<f64>,
-    /// Attempts the score rests on since the channel was let back in (see
-    /// [`enough_evidence`]); a relapse needs none.
-    pub evidence: u32,
-    /// The route group is failing as a whole (docs/decisions.md#safety-rails panic mode): no
-    /// score-driven move down, no fast-path drain.
-    pub correlated: bool,
-    /// The reading is of an intermittent fault: only the tail is bad, the
-    /// typical attempt is as fast as the healthy channel's P99 (judged by
-    /// the caller). A relapse on such a reading holds the incident's later
-    /// probations (see `StatePolicy::intermittent_hold_factor`).
-    pub intermittent: bool,
-    /// The failure rate rests on thin evidence (fewer judged answers than
-    /// `signals.confidence_full_samples`, or too few to vote): a HEALTHY
-    /// channel's drain-level score only puts it AT_RISK, where fresh
-    /// evidence at its reduced weight must confirm a drain (docs/decisions.md#safety-rails:
-    /// evidence proportionate to its samples).
-    pub thin_evidence: bool,
-}
-
-/// Whether a probation that has run `elapsed_ms` with `evidence` attempts
-/// may pass. Recovery must fit the traffic (docs/decisions.md#safety-rails): a busy channel shows
-/// `probation_min_samples` attempts within seconds, and that many are needed
-/// to see a fault that hits a few percent of requests (incident 004's pulses);
-/// a sparse one (0.2–1 rps, mostly probes) never would, so after
-/// `probation_max_wait_ms` what arrived is enough, given at least
-/// `probation_floor_samples`.
-pub fn enough_evidence(elapsed_ms: i64, evidence: u32, p: &StatePolicy) -> bool {
-    evidence >= p.probation_min_samples
-        || elapsed_ms >= p.probation_max_wait_ms && evidence >= p.probation_floor_samples
-}
 
 /// The per-channel machine. Cheap to clone (a snapshot for persistence).
 /// What one state needs lives in its [`ChannelState`] variant; what spans
@@ -474,5 +206,323 @@ impl StateMachine {
     pub fn take_oscillation(&mut self) -> Option<(u32, i64)> {
         let n = self.oscillation_due.take()?;
         Some((n, self.relapses.back().copied().unwrap_or_default()))
+    }
+}
+
+impl StateMachine {
+    /// One evaluation tick. `score` is `None` when no signal had enough
+    /// samples to vote: that neither confirms nor refutes anything, but timers
+    /// (cool-downs, recovery steps, pin expiry) still run.
+    pub fn evaluate(
+        &mut self,
+        now_ms: i64,
+        score: Option<f64>,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        self.step(
+            now_ms,
+            Evaluation {
+                score,
+                score_low: None,
+                score_high: None,
+                evidence: u32::MAX,
+                correlated: false,
+                intermittent: false,
+                thin_evidence: false,
+            },
+            p,
+            out,
+        )
+    }
+
+    /// One evaluation tick (see [`Evaluation`]). Timers (cool-downs,
+    /// recovery steps, pin expiry) run even when the score is `None`.
+    pub fn step(&mut self, now_ms: i64, e: Evaluation, p: &StatePolicy, out: &mut Vec<Change>) {
+        step::step(self, now_ms, e, p, out)
+    }
+}
+
+/// Pins: an operator's drain or fixed weight, its expiry.
+impl StateMachine {
+    /// Applies an operator pin. Recorded as a change (and so an alert).
+    pub fn set_pin(&mut self, now_ms: i64, pin: Pin, p: &StatePolicy, out: &mut Vec<Change>) {
+        self.repin(now_ms, Some(pin), TransitionReason::PinApplied, p, out);
+    }
+
+    /// Removes the pin, if any.
+    pub fn clear_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self.pin.is_some() {
+            self.repin(now_ms, None, TransitionReason::PinReleased, p, out);
+        }
+    }
+
+    /// Sets or clears the pin; the state stays, the weight may move.
+    fn repin(
+        &mut self,
+        now_ms: i64,
+        pin: Option<Pin>,
+        reason: TransitionReason,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let before = self.weight(p);
+        self.pin = pin;
+        let k = self.kind();
+        out.push(Change {
+            at_ms: now_ms,
+            from: k,
+            to: k,
+            reason,
+            weight_before: before,
+            weight_after: self.weight(p),
+        });
+    }
+
+    pub(super) fn expire_pin(&mut self, now_ms: i64, p: &StatePolicy, out: &mut Vec<Change>) {
+        if self
+            .pin
+            .and_then(|pin| pin.until_ms)
+            .is_some_and(|until| now_ms >= until)
+        {
+            self.clear_pin(now_ms, p, out);
+        }
+    }
+}
+
+/// An incident: the drain that opens it, its cool-down growing with the
+/// penalty, relapses and oscillation, a correlated failure's release.
+impl StateMachine {
+    /// A drain of a channel that had earned weight back (see the module
+    /// doc): remembered, it grows the relapse penalty and may make an
+    /// oscillation alarm due.
+    pub(super) fn note_relapse(&mut self, now_ms: i64, p: &StatePolicy) {
+        let earned = match self.state {
+            ChannelState::Recovering { .. } => true,
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => self
+                .readmitted_at_ms
+                .is_some_and(|t| now_ms - t <= p.oscillation_window_ms),
+            ChannelState::Drained { .. } | ChannelState::Observing { .. } => false,
+        };
+        if !earned {
+            return;
+        }
+        let from = now_ms - p.oscillation_window_ms;
+        while self.relapses.front().is_some_and(|t| *t < from) {
+            self.relapses.pop_front();
+        }
+        if self.relapses.is_empty() {
+            // A new episode.
+            self.oscillation_raised = false;
+        }
+        self.relapses.push_back(now_ms);
+        self.relapse_penalty = self.relapse_penalty(now_ms, p) + 1.0;
+        self.relapse_decay_from_ms = None;
+        if self.relapses.len() >= p.oscillation_relapses as usize && !self.oscillation_raised {
+            self.oscillation_raised = true;
+            self.oscillation_due = Some(self.relapses.len() as u32);
+        }
+    }
+
+    pub(super) fn set_state(
+        &mut self,
+        now_ms: i64,
+        to: ChannelState,
+        reason: TransitionReason,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let weight_before = self.weight(p);
+        let from = self.state.kind();
+        if from == StateKind::Healthy && to.kind() != StateKind::Healthy {
+            // The relapse penalty decays only while HEALTHY: fold it in.
+            self.relapse_penalty = self.relapse_penalty(now_ms, p);
+            self.relapse_decay_from_ms = None;
+        } else if from != StateKind::Healthy && to.kind() == StateKind::Healthy {
+            self.relapse_decay_from_ms = Some(now_ms);
+        }
+        self.state = to;
+        let weight_after = self.weight(p);
+        out.push(Change {
+            at_ms: now_ms,
+            from,
+            to: to.kind(),
+            reason,
+            weight_before,
+            weight_after,
+        });
+    }
+
+    /// A probation (OBSERVING or RECOVERING) failed: drain again, and
+    /// remember how long it had looked clean if the fault is intermittent.
+    pub(super) fn relapse(
+        &mut self,
+        now_ms: i64,
+        score: f64,
+        intermittent: bool,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let probation_since_ms = match self.state {
+            ChannelState::Observing { since_ms, .. } => since_ms,
+            ChannelState::Recovering {
+                probation_since_ms, ..
+            } => probation_since_ms,
+            _ => now_ms,
+        };
+        let clean_ms = (now_ms - probation_since_ms).max(0);
+        self.drain(
+            now_ms,
+            TransitionReason::Relapse { score },
+            intermittent,
+            p,
+            out,
+        );
+        if let Some(incident) = self.incident_mut() {
+            if intermittent {
+                incident.intermittent_relapses += 1;
+                incident.intermittent_clean_ms += clean_ms;
+            } else {
+                incident.sustained_relapse = true;
+            }
+        }
+    }
+
+    /// How long a probation must run before it may pass: the incident's
+    /// intermittent relapses looked clean for a while before the fault
+    /// showed, so a pass sooner than a few times that is luck, not health
+    /// (see `StatePolicy::intermittent_hold_factor`).
+    pub fn intermittent_hold_ms(&self, p: &StatePolicy) -> i64 {
+        let Some(i) = self.incident() else {
+            return 0;
+        };
+        if i.sustained_relapse || p.intermittent_hold_factor == 0.0 {
+            return 0;
+        }
+        if i.intermittent_relapses == 0 {
+            // No probation has shown how long the fault hides yet.
+            return if i.intermittent_drain {
+                p.max_intermittent_hold_ms
+            } else {
+                0
+            };
+        }
+        let mean = i.intermittent_clean_ms as f64 / i.intermittent_relapses as f64;
+        ((p.intermittent_hold_factor * mean) as i64).min(p.max_intermittent_hold_ms)
+    }
+
+    /// Drains and raises the penalty; the cool-down grows with the penalty
+    /// (docs/decisions.md#score-and-states, incident 002) up to `max_cooldown_ms`. A failed probation
+    /// (OBSERVING → DRAINED) counts as a repeat of the incident, so an
+    /// upstream that keeps failing its probations waits longer each time
+    /// instead of being re-admitted every few minutes. Relapses after
+    /// re-admission multiply that by `cooldown_growth` each, up to
+    /// `max_relapse_cooldown_ms` (see the module doc).
+    pub(super) fn drain(
+        &mut self,
+        now_ms: i64,
+        reason: TransitionReason,
+        intermittent: bool,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        let penalty = self.penalty(now_ms, p);
+        self.note_relapse(now_ms, p);
+        let incident = match self.state {
+            // Drained from service: a new incident; earlier probations say
+            // nothing now.
+            ChannelState::Healthy { .. } | ChannelState::AtRisk { .. } => Incident {
+                since_ms: now_ms,
+                penalty_before: penalty,
+                intermittent_relapses: 0,
+                intermittent_clean_ms: 0,
+                sustained_relapse: false,
+                intermittent_drain: intermittent,
+            },
+            // A relapse after re-admission begins the incident again; what
+            // its probations showed stays.
+            ChannelState::Recovering { incident, .. } => Incident {
+                since_ms: now_ms,
+                penalty_before: penalty,
+                ..incident
+            },
+            ChannelState::Drained { incident, .. } | ChannelState::Observing { incident, .. } => {
+                incident
+            }
+        };
+        let cooldown = self.cooldown_ms(penalty, now_ms, p);
+        self.penalty = penalty + 1.0;
+        self.penalty_at_ms = now_ms;
+        self.set_state(
+            now_ms,
+            ChannelState::Drained {
+                since_ms: now_ms,
+                until_ms: now_ms + cooldown,
+                incident,
+            },
+            reason,
+            p,
+            out,
+        );
+    }
+
+    /// The cool-down of a drain at `now_ms` with incident penalty `penalty`
+    /// (see `drain` and the module doc).
+    pub(super) fn cooldown_ms(&self, penalty: f64, now_ms: i64, p: &StatePolicy) -> i64 {
+        let incident =
+            (p.cooldown_ms as f64 * p.cooldown_growth.powf(penalty)).min(p.max_cooldown_ms as f64);
+        let relapses = p.cooldown_growth.powf(self.relapse_penalty(now_ms, p));
+        (incident * relapses).min(p.max_relapse_cooldown_ms as f64) as i64
+    }
+
+    /// The fast path: call with the consecutive hard-failure count whenever it
+    /// grows. Drains immediately at the policy's threshold, unless the group
+    /// is failing as a whole (`correlated`): then no healthy alternative
+    /// exists and draining would only shed what the channel still serves.
+    pub fn on_failure_streak(
+        &mut self,
+        now_ms: i64,
+        n: u32,
+        correlated: bool,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) {
+        if n < p.consecutive_failures || correlated {
+            return;
+        }
+        if !matches!(self.state, ChannelState::Drained { .. }) {
+            let reason = TransitionReason::ConsecutiveFailures { n };
+            self.drain(now_ms, reason, false, p, out);
+        }
+    }
+
+    /// The group's failure turned out to be correlated (docs/decisions.md#safety-rails): if this
+    /// channel's current incident began at or after `since_ms`, it was the
+    /// common cause, not the channel. Cool-down and probation are skipped
+    /// (back to HEALTHY now) and the incident's penalty is taken back.
+    /// Returns whether the channel was released.
+    pub fn release_common_cause(
+        &mut self,
+        now_ms: i64,
+        since_ms: i64,
+        p: &StatePolicy,
+        out: &mut Vec<Change>,
+    ) -> bool {
+        let Some(incident) = self.incident().copied() else {
+            return false;
+        };
+        if incident.since_ms < since_ms {
+            return false;
+        }
+        self.penalty = incident.penalty_before;
+        self.penalty_at_ms = now_ms;
+        self.set_state(
+            now_ms,
+            ChannelState::HEALTHY,
+            TransitionReason::CorrelatedFailure,
+            p,
+            out,
+        );
+        true
     }
 }
