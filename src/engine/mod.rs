@@ -35,6 +35,7 @@
 
 use crate::alert::{AlertEvent, AlertRules};
 use crate::config::Config;
+use crate::event::RequestEvent;
 use crate::health::ChannelHealth;
 use crate::id_table::IdTable;
 use crate::safety::GroupSafety;
@@ -46,6 +47,10 @@ use std::sync::Arc;
 
 mod admit;
 mod channel;
+mod kinds;
+
+use kinds::Streaks;
+pub use kinds::{Admitted, ApplyError, ChannelHint, ChannelReading, EngineStats};
 
 use channel::ChannelRuntime;
 mod evaluate;
@@ -54,79 +59,6 @@ mod tests;
 
 /// Dense index of a channel in the engine (config order).
 pub type ChannelIdx = u32;
-
-/// Why an event was not applied. Each is counted in [`EngineStats`].
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ApplyError {
-    #[error("unknown channel `{channel}`")]
-    UnknownChannel { channel: String },
-    #[error("channel `{channel}` belongs to group `{expected}`, event says `{got}`")]
-    GroupMismatch {
-        channel: String,
-        expected: String,
-        got: String,
-    },
-    #[error("event is {lag_ms} ms behind the watermark, past the allowed lateness")]
-    TooLate { lag_ms: i64 },
-    #[error(
-        "event is stamped {ahead_ms} ms ahead of {reference}, past the allowed clock skew \
-         (engine.max_clock_skew_ms)"
-    )]
-    FutureTimestamp {
-        ahead_ms: i64,
-        reference: &'static str,
-    },
-    #[error("{field} is {value}, over the plausible {limit} (engine.{key})")]
-    Implausible {
-        field: &'static str,
-        value: i64,
-        limit: i64,
-        key: &'static str,
-    },
-}
-
-impl ApplyError {
-    /// Bounded metric label.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ApplyError::UnknownChannel { .. } => "unknown_channel",
-            ApplyError::GroupMismatch { .. } => "group_mismatch",
-            ApplyError::TooLate { .. } => "too_late",
-            ApplyError::FutureTimestamp { .. } => "future_timestamp",
-            ApplyError::Implausible { .. } => "implausible",
-        }
-    }
-}
-
-/// An event's channel looked up ahead of its apply
-/// ([`Engine::prefetch_entry`]), so a batch looks each channel up once.
-/// Taken only by the engine it came from, with its channels unchanged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChannelHint {
-    generation: u64,
-    idx: ChannelIdx,
-}
-
-/// One channel as of the last evaluation ([`Engine::reading`]).
-#[derive(Debug)]
-pub struct ChannelReading<'a> {
-    pub health: ChannelHealth,
-    pub machine: &'a StateMachine,
-    pub signals: &'a Signals,
-    /// The windows' score and its breakdown (`None` before the first).
-    pub score: Option<&'a Score>,
-    /// See [`Engine::latency_median`].
-    pub latency_median_ms: Option<f64>,
-}
-
-/// What became of a live event ([`Engine::apply_live_once`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admitted {
-    /// Recorded in its channel's windows.
-    Applied,
-    /// Already seen, by the caller's memory: not applied again.
-    Duplicate,
-}
 
 /// The table of `channels`' ids to their indexes.
 fn id_table(channels: &[ChannelRuntime]) -> IdTable {
@@ -142,20 +74,6 @@ fn id_table(channels: &[ChannelRuntime]) -> IdTable {
 fn next_generation() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Counters the shell exports as metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    pub applied: u64,
-    pub too_late: u64,
-    pub unknown_channel: u64,
-    pub group_mismatch: u64,
-    pub evaluations: u64,
-    /// Events refused as stamped too far ahead (`clock`).
-    pub future_timestamp: u64,
-    /// Applied events that reported an unsent request (demand only).
-    pub unsent: u64,
 }
 
 /// The health engine for a set of channels sharing one watermark.
@@ -195,16 +113,6 @@ struct Demand {
     view: ViewCounters,
     /// The seconds of the window the engine has seen.
     secs: f64,
-}
-
-/// A channel's consecutive-failure counts after an event.
-#[derive(Debug, Clone, Copy)]
-struct Streaks {
-    /// The hard-failure streak grew with this event.
-    grew: bool,
-    failures: u32,
-    /// Consecutive hard-failed probes.
-    probes: u32,
 }
 
 impl Engine {
@@ -307,7 +215,7 @@ impl Engine {
             None => m.clear_pin(now_ms, &policy.states, &mut scratch),
         }
         let from = out.len();
-        self.emit_changes(idx, &scratch, out);
+        evaluate::emit_changes(self, idx, &scratch, out);
         if !note.is_empty() {
             for a in &mut out[from..] {
                 a.message = format!("{} ({note})", a.message);
@@ -533,5 +441,119 @@ impl Engine {
             correlated: self.safety[ch.group_idx].in_panic(),
             incident_since_ms: ch.machine.incident_since_ms(),
         }
+    }
+}
+
+/// Events in: the per-event path (admit.rs) and the evaluation ticks
+/// (evaluate.rs) it crosses.
+impl Engine {
+    /// Hints where [`Engine::prefetch_entry`] will look `ev`'s channel up,
+    /// and returns the id's hash it takes; the first of three steps.
+    pub fn prefetch_lookup(&self, ev: &RequestEvent<'_>) -> u64 {
+        let hash = self.by_id.hash(ev.channel_id);
+        self.by_id.prefetch(hash);
+        hash
+    }
+
+    /// Looks `ev`'s channel up (`id_hash`: its [`Engine::prefetch_lookup`])
+    /// and hints the parts of its entry that applying it reads (see
+    /// `crate::prefetch`); the second step, once the lookup's slot had
+    /// time to load.
+    pub fn prefetch_entry(&self, ev: &RequestEvent<'_>, id_hash: u64) -> Option<ChannelHint> {
+        let idx = self.by_id.get_hashed(ev.channel_id, id_hash)?;
+        self.channels[idx as usize].prefetch_hot();
+        Some(ChannelHint {
+            generation: self.generation,
+            idx,
+        })
+    }
+
+    /// Hints what applying `ev` reads through its channel's entry: its
+    /// slice, staging buffers and outcome window. The second
+    /// step, once [`Engine::prefetch_entry`] had time to load the entry.
+    pub fn prefetch_windows(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) {
+        let Some(idx) = admit::channel_of(self, ev, hint) else {
+            return;
+        };
+        let ch = &self.channels[idx as usize];
+        ch.ring.prefetch(ev);
+        ch.outcomes.prefetch();
+    }
+
+    /// Applies one event of a recording or a simulation: an event stamped
+    /// far ahead is judged against the watermark (`clock`). Alerts it causes
+    /// (the fast path, evaluation ticks it crosses) are appended to `out`.
+    pub fn apply(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        admit::apply_against(
+            self,
+            ev,
+            Some(crate::clock::Reference::Watermark),
+            None,
+            out,
+        )
+    }
+
+    /// Applies one event as it arrives live: an event stamped further ahead
+    /// of the wall clock `wall_ms` than the allowed skew is refused.
+    pub fn apply_live(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        self.apply_live_hinted(ev, wall_ms, None, out)
+    }
+
+    /// [`Engine::apply_live`] with the channel looked up ahead
+    /// ([`Engine::prefetch_entry`] on this event).
+    pub fn apply_live_hinted(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+        hint: Option<ChannelHint>,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<(), ApplyError> {
+        self.apply_live_once(ev, wall_ms, hint, || true, out)
+            .map(|_| ())
+    }
+
+    /// [`Engine::apply_live_hinted`] for a caller that remembers which
+    /// events it has seen, keyed by event time (the service's dedup): once
+    /// the clock check let `ev` through, `first_seen` says whether it is
+    /// new, and a duplicate goes no further. The clock is checked before the
+    /// caller's memory is touched (a far-future time would expire every
+    /// remembered id) and once per event.
+    pub fn apply_live_once(
+        &mut self,
+        ev: &RequestEvent<'_>,
+        wall_ms: i64,
+        hint: Option<ChannelHint>,
+        first_seen: impl FnOnce() -> bool,
+        out: &mut Vec<AlertEvent>,
+    ) -> Result<Admitted, ApplyError> {
+        admit::check_clock(self, ev, crate::clock::Reference::Wall(wall_ms))?;
+        if !first_seen() {
+            return Ok(Admitted::Duplicate);
+        }
+        admit::apply_against(self, ev, None, hint, out)?;
+        Ok(Admitted::Applied)
+    }
+
+    /// Moves the watermark to `now_ms` (if later) and runs every evaluation
+    /// tick up to it. The service calls this for idle partitions; the
+    /// simulator calls it with simulated time.
+    pub fn advance_to(&mut self, now_ms: i64, out: &mut Vec<AlertEvent>) {
+        evaluate::advance_to(self, now_ms, out)
+    }
+
+    /// The channels evaluated or changed since the last call, in the order
+    /// they were first touched: what a caller that reports incrementally
+    /// has to report.
+    pub fn take_touched(&mut self) -> Vec<ChannelIdx> {
+        evaluate::take_touched(self)
     }
 }
