@@ -1,7 +1,8 @@
 //! The instance's request loops stopping together: each commits what it
-//! handled before any of them leaves the consumer group.
+//! handled before any of them leaves the consumer group (`Leaving`, shared
+//! by the loops, and `leave`, a function of one loop's state).
 
-use super::{LoopState, RequestConsumer};
+use super::{housekeeping, LoopState, RequestConsumer};
 use crate::service::{lock, rebalance};
 use rdkafka::consumer::CommitMode;
 use std::sync::Mutex;
@@ -50,26 +51,24 @@ impl Leaving {
     }
 }
 
-impl LoopState {
-    /// The way out: every output acknowledged and the offsets committed
-    /// (synchronously: the consumer closes next), then the group left only
-    /// once the instance's other loops have committed too (see [`Leaving`]).
-    pub(super) fn leave(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
-        if let Err(e) = self.commit_with(consumer, CommitMode::Sync) {
-            self.leaving.failed();
-            return Err(e);
-        }
-        if !self
-            .leaving
-            .done_then_wait(self.lanes, rebalance::BROKER_TIMEOUT)
-        {
-            tracing::warn!(
-                lanes = self.lanes,
-                "the other request loops did not commit in time; leaving the group anyway"
-            );
-        }
-        Ok(())
+/// The way out: every output acknowledged and the offsets committed
+/// (synchronously: the consumer closes next), then the group left only
+/// once the instance's other loops have committed too (see [`Leaving`]).
+pub(super) fn leave(lp: &mut LoopState, consumer: &RequestConsumer) -> anyhow::Result<()> {
+    if let Err(e) = housekeeping::commit_with(lp, consumer, CommitMode::Sync) {
+        lp.leaving.failed();
+        return Err(e);
     }
+    if !lp
+        .leaving
+        .done_then_wait(lp.lanes, rebalance::BROKER_TIMEOUT)
+    {
+        tracing::warn!(
+            lanes = lp.lanes,
+            "the other request loops did not commit in time; leaving the group anyway"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -274,7 +274,7 @@ fn lane_client_id(instance: &str, lane: usize) -> String {
 impl LoopState {
     fn run(&mut self, consumer: &RequestConsumer) -> anyhow::Result<()> {
         match self.serve(consumer) {
-            Ok(()) => self.leave(consumer),
+            Ok(()) => leaving::leave(self, consumer),
             Err(e) => {
                 self.leaving.failed();
                 Err(e)
@@ -296,7 +296,7 @@ impl LoopState {
             match polled {
                 Some(Ok(m)) => {
                     batch.push(m);
-                    self.poll_batch(consumer, &decoder, &mut batch)?;
+                    records::poll_batch(self, consumer, &decoder, &mut batch)?;
                 }
                 Some(Err(e)) => self.consumer_error(e),
                 None => {}
@@ -305,16 +305,16 @@ impl LoopState {
             if housekeeping || self.overrides.has_changed().unwrap_or(false) {
                 // Also every round: a partition assigned, or a channel's
                 // first event, since the set last changed.
-                self.reconcile_overrides()?;
+                housekeeping::reconcile_overrides(self)?;
             }
             if housekeeping {
                 next_housekeeping = Instant::now() + Duration::from_millis(500);
-                self.housekeeping(consumer)?;
+                housekeeping::housekeeping(self, consumer)?;
             }
             if Instant::now() >= next_commit {
                 next_commit = Instant::now()
                     + Duration::from_millis(self.runtime.service.commit_interval_ms as u64);
-                self.commit(consumer)?;
+                housekeeping::commit(self, consumer)?;
             }
         }
         Ok(())
@@ -422,7 +422,7 @@ impl LoopState {
             .collect();
         self.metrics.set_owned(self.lane, owned.clone());
         self.ownership.set_owned(self.lane, owned);
-        self.refresh_partition_count(consumer);
+        housekeeping::refresh_partition_count(self, consumer);
     }
 }
 
