@@ -156,13 +156,7 @@ fn a_broker_restarted_mid_stream_loses_nothing_and_weights_keep_flowing() {
     let mut hermes = start_hermes(&stack, "a", 5000);
     let log = SnapshotLog::start(&stack.redis.url());
     let mut gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     assert!(
         rt.block_on(support::eventually(Duration::from_secs(60), || {
@@ -413,13 +407,7 @@ fn state_redis_lost_is_saved_again_and_a_restart_keeps_the_relapse_multiplier() 
     let mut a = start_hermes(&stack, "a", base);
     let log = SnapshotLog::start(&stack.redis.url());
     let gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&a],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&a]);
     // A relapse after re-admission: failing again while recovering.
     through_a_probation(&gw, &log, &[&a], FAILING);
     wait_for(

@@ -225,6 +225,18 @@ pub(crate) fn free_state(s: &WeightSnapshot) -> String {
         .unwrap_or_default()
 }
 
+/// The first snapshot that gives free-a weight, waited for at most 90 s
+/// (a window of warm-up first); how long it took.
+pub(crate) fn first_snapshot(log: &SnapshotLog, hermes: &[&Hermes]) -> Duration {
+    wait_for(
+        log,
+        hermes,
+        Duration::from_secs(90),
+        "a first snapshot",
+        |s| free_weight(s) > 0.0,
+    )
+}
+
 /// Waits for `check` on the latest snapshot; panics with context after
 /// `limit`.
 pub(crate) fn wait_for(

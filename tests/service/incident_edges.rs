@@ -18,13 +18,7 @@ fn a_drained_channel_alone_on_its_partition_gets_its_probation_while_others_are_
     let hermes = Hermes::start(stack.dir(), "a", &cfg, port);
     let log = SnapshotLog::start(&stack.redis.url());
     let gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     gw.set("free-a", FAILING);
     wait_for(
         &log,
@@ -55,13 +49,7 @@ fn a_drain_and_its_re_admission_are_not_silence_and_a_gateway_that_stops_is() {
     let hermes = start_hermes(&stack, "a", 5000);
     let log = SnapshotLog::start(&stack.redis.url());
     let gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     through_a_probation(&gw, &log, &[&hermes], HEALTHY);
     wait_for(
         &log,

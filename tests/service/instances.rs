@@ -73,13 +73,7 @@ fn a_killed_instance_is_taken_over_and_the_drained_channel_stays_drained() {
     ];
     let log = SnapshotLog::start(&stack.redis.url());
     let gw = Gateway::start_with(&stack.kafka.bootstrap(), 40, mapping);
-    wait_for(
-        &log,
-        &[&a, &b],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&a, &b]);
 
     gw.set("free-a", FAILING);
     wait_for(

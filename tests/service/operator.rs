@@ -23,13 +23,7 @@ fn an_operator_drains_a_channel_from_the_cli_and_it_survives_a_restart() {
     let mut hermes = Hermes::start(stack.dir(), "a", &cfg, port);
     let log = SnapshotLog::start(&stack.redis.url());
     let _gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     let url = format!("http://{}", hermes.http);
 
     // Without the token the change is refused, and says how to give it.

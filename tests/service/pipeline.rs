@@ -21,13 +21,7 @@ fn events_in_weights_out_drain_and_recover_with_an_alert_per_transition() {
     let gw = Gateway::start(&stack.kafka.bootstrap(), 40);
 
     // Warm-up: a window of data, then the first snapshot.
-    let first = wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    let first = first_snapshot(&log, &[&hermes]);
     eprintln!("first snapshot {first:?} after start");
     assert!(
         log.all().iter().all(|s| s.computed_at_ms > 0),
@@ -614,13 +608,7 @@ fn alerts_are_registry_framed_and_a_registry_aware_consumer_reads_them() {
     let hermes = Hermes::start(stack.dir(), "a", &cfg, port);
     let log = SnapshotLog::start(&stack.redis.url());
     let gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     gw.set("free-a", FAILING);
     wait_for(
         &log,
@@ -806,13 +794,7 @@ fn two_request_threads_split_the_partitions_and_apply_every_event_once() {
     wait_assigned_all(&hermes, Duration::from_secs(90));
     let log = SnapshotLog::start(&stack.redis.url());
     let mut gw = Gateway::start(&stack.kafka.bootstrap(), 40);
-    wait_for(
-        &log,
-        &[&hermes],
-        Duration::from_secs(90),
-        "a first snapshot",
-        |s| free_weight(s) > 0.0,
-    );
+    first_snapshot(&log, &[&hermes]);
     gw.set("free-a", FAILING);
     let drained = wait_for(
         &log,
