@@ -305,7 +305,10 @@ fn weights_flow_over_tls_to_a_redis_acl_user() {
     let cfg = config(&kafka.bootstrap(), &url, port, 5000);
     let ca = ca.display().to_string();
     let hermes = Hermes::start_env(stack.dir(), "tls", &cfg, port, &[("SSL_CERT_FILE", &ca)]);
-    std::env::set_var("SSL_CERT_FILE", &ca);
+    // This process's Redis clients trust the test's CA for as long as the
+    // test runs; the tests after it (and the processes they start) see the
+    // variable as it was: the certificate goes with this test's Redis.
+    let _trust = EnvVar::set("SSL_CERT_FILE", &ca);
     let log = SnapshotLog::start(&url);
     let gw = Gateway::start(&kafka.bootstrap(), 40);
     wait_for(

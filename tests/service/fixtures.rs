@@ -478,3 +478,27 @@ pub(crate) fn hermes_cli(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
+
+/// An environment variable of this process set until the guard drops (a
+/// failing test included), then put back as it was.
+pub(crate) struct EnvVar {
+    name: &'static str,
+    before: Option<std::ffi::OsString>,
+}
+
+impl EnvVar {
+    pub(crate) fn set(name: &'static str, value: &str) -> EnvVar {
+        let before = std::env::var_os(name);
+        std::env::set_var(name, value);
+        EnvVar { name, before }
+    }
+}
+
+impl Drop for EnvVar {
+    fn drop(&mut self) {
+        match &self.before {
+            Some(v) => std::env::set_var(self.name, v),
+            None => std::env::remove_var(self.name),
+        }
+    }
+}
