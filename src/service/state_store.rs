@@ -106,24 +106,33 @@ impl StateStore {
         let mut conn = connect(&self.client)
             .await
             .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))?;
-        let raw: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(state_key(group))
-            .query_async(&mut conn)
+        read_saved(&mut conn, group)
             .await
-            .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))?;
-        let mut out = BTreeMap::new();
-        for (channel, json) in raw {
-            match serde_json::from_str::<SavedState>(&json) {
-                Ok(s) => {
-                    out.insert(channel, s);
-                }
-                Err(e) => {
-                    tracing::warn!(group, channel, error = %e, "unreadable saved state ignored")
-                }
-            }
-        }
-        Ok(out)
+            .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))
     }
+}
+
+/// Every saved channel state of `group` on `conn` (the service's restore
+/// and `hermes status` read them alike); an unreadable one is left out
+/// with a warning.
+pub(crate) async fn read_saved(
+    conn: &mut impl redis::aio::ConnectionLike,
+    group: &str,
+) -> redis::RedisResult<BTreeMap<String, SavedState>> {
+    let raw: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(state_key(group))
+        .query_async(conn)
+        .await?;
+    let mut out = BTreeMap::new();
+    for (channel, json) in raw {
+        match serde_json::from_str::<SavedState>(&json) {
+            Ok(s) => {
+                out.insert(channel, s);
+            }
+            Err(e) => tracing::warn!(group, channel, error = %e, "unreadable saved state ignored"),
+        }
+    }
+    Ok(out)
 }
 
 async fn writer(client: redis::Client, mut rx: mpsc::UnboundedReceiver<StateWrite>, url: String) {

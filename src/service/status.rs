@@ -245,7 +245,7 @@ impl StatusView {
     /// overrides (`hermes status`; needs no instance). Connecting and each
     /// answer wait at most 3 s.
     pub async fn from_redis(url: &str) -> anyhow::Result<StatusView> {
-        use crate::redis_keys::{group_of_key, snapshot_key, state_key, GROUP_KEY_PATTERNS};
+        use crate::redis_keys::{group_of_key, snapshot_key, GROUP_KEY_PATTERNS};
         use std::collections::BTreeSet;
         let redacted = crate::publish::redact_url(url);
         let client = redis::Client::open(url)
@@ -275,15 +275,7 @@ impl StatusView {
         for group in groups {
             let raw: Option<String> = c.get(snapshot_key(&group)).await?;
             let snap = raw.and_then(|r| serde_json::from_str::<WeightSnapshot>(&r).ok());
-            let fields: BTreeMap<String, String> = c.hgetall(state_key(&group)).await?;
-            let machines = fields
-                .into_iter()
-                .filter_map(|(ch, json)| {
-                    serde_json::from_str::<SavedState>(&json)
-                        .ok()
-                        .map(|s| (ch, s))
-                })
-                .collect();
+            let machines = super::state_store::read_saved(&mut c, &group).await?;
             view.add_group(&group, snap, machines);
         }
         let overrides: BTreeMap<String, String> =
