@@ -42,6 +42,7 @@
 use crate::config::{ClassPolicies, ScheduleConfig};
 use crate::event::TrafficClass;
 use crate::state::StateKind;
+use std::borrow::Cow;
 
 mod allocate;
 mod scheduler;
@@ -327,31 +328,7 @@ pub fn plan(
     previous: Option<&Plan>,
     manual: bool,
 ) -> Plan {
-    // Panic mode: health does not route, only pins, capacity and price do;
-    // a channel failing nearly everything gets only a probe's share.
-    let calm: Vec<ChannelInput>;
-    let channels = if input.panic_since_ms.is_some() {
-        // Only while another channel serves nearly everything it gets (it
-        // fails at most `1 − overflow_max_failure_rate`) is there anything
-        // better to send to. Otherwise, when every channel fails at once
-        // (and the windows have not all caught up), they are all planned
-        // like static routing, and are back the moment the common cause
-        // ends.
-        let max = cfg.overflow_max_failure_rate;
-        let failing = |c: &ChannelInput| failing_in_panic(c, max);
-        let some_serve = input
-            .channels
-            .iter()
-            .any(|c| !c.pinned && c.failure_rate.is_none_or(|f| f <= 1.0 - max));
-        calm = input
-            .channels
-            .iter()
-            .map(|c| in_panic(c, some_serve && failing(c)))
-            .collect();
-        &calm
-    } else {
-        &input.channels
-    };
+    let channels = as_planned(input, cfg);
     let mut ch: Vec<&ChannelInput> = channels.iter().collect();
     ch.sort_by(|a, b| a.id.cmp(&b.id));
     let n = ch.len();
@@ -380,30 +357,7 @@ pub fn plan(
     shown.sort_by(|a, b| a.id.cmp(&b.id));
     let target = if manual {
         match previous {
-            Some(p) => {
-                // The routing stays; the statuses are as they are now.
-                let mut frozen = Plan {
-                    manual: true,
-                    computed_at_ms: input.now_ms,
-                    panic_since_ms: input.panic_since_ms,
-                    ..p.clone()
-                };
-                if frozen.channels.len() == n {
-                    for (c, s) in frozen.channels.iter_mut().zip(&shown) {
-                        c.state = s.state;
-                        c.score = s.score;
-                        c.signals = s.signals.clone();
-                    }
-                }
-                // Entering manual mode is news for gateways and operators
-                // (the snapshot's `manual`), as is a state: a new version, so
-                // it is published and announced, not only seen at the next
-                // heartbeat. The routing itself stays.
-                if !frozen.same_published(p) {
-                    frozen.version = p.version + 1;
-                }
-                return frozen;
-            }
+            Some(p) => return frozen(p, input, &shown),
             None => initial_fractions(&ctx),
         }
     } else if !known {
@@ -429,6 +383,59 @@ pub fn plan(
     };
 
     build_plan(input, &ctx, &shown, fractions, previous, manual)
+}
+
+/// The channels as a plan sees them. Panic mode: health does not route,
+/// only pins, capacity and price do; a channel failing nearly everything
+/// gets only a probe's share.
+fn as_planned<'a>(input: &'a GroupInput, cfg: &ScheduleConfig) -> Cow<'a, [ChannelInput]> {
+    if input.panic_since_ms.is_none() {
+        return Cow::Borrowed(&input.channels);
+    }
+    // Only while another channel serves nearly everything it gets (it
+    // fails at most `1 − overflow_max_failure_rate`) is there anything
+    // better to send to. Otherwise, when every channel fails at once
+    // (and the windows have not all caught up), they are all planned
+    // like static routing, and are back the moment the common cause
+    // ends.
+    let max = cfg.overflow_max_failure_rate;
+    let some_serve = input
+        .channels
+        .iter()
+        .any(|c| !c.pinned && c.failure_rate.is_none_or(|f| f <= 1.0 - max));
+    Cow::Owned(
+        input
+            .channels
+            .iter()
+            .map(|c| in_panic(c, some_serve && failing_in_panic(c, max)))
+            .collect(),
+    )
+}
+
+/// Manual mode's plan: the routing of `previous` stays; the statuses are
+/// the channels' (`shown`, in id order) as they are now.
+fn frozen(previous: &Plan, input: &GroupInput, shown: &[&ChannelInput]) -> Plan {
+    let mut frozen = Plan {
+        manual: true,
+        computed_at_ms: input.now_ms,
+        panic_since_ms: input.panic_since_ms,
+        ..previous.clone()
+    };
+    if frozen.channels.len() == shown.len() {
+        for (c, s) in frozen.channels.iter_mut().zip(shown) {
+            c.state = s.state;
+            c.score = s.score;
+            c.signals = s.signals.clone();
+        }
+    }
+    // Entering manual mode is news for gateways and operators (the
+    // snapshot's `manual`), as is a state: a new version, so it is
+    // published and announced, not only seen at the next heartbeat. The
+    // routing itself stays.
+    if !frozen.same_published(previous) {
+        frozen.version = previous.version + 1;
+    }
+    frozen
 }
 
 /// Requests per second per class (schema order) and channel.

@@ -116,6 +116,7 @@ impl prometheus_client::collector::Collector for Exporter {
             )?;
         }
         self.encode_instance(&mut enc)?;
+        self.encode_outputs(&mut enc)?;
         self.encode_channels(&mut enc)?;
         self.encode_groups(&mut enc)
     }
@@ -146,8 +147,7 @@ impl Exporter {
         ]
     }
 
-    /// Build, dependencies, warm-up, decision latency, dead letters,
-    /// partitions held and consumer lag.
+    /// Build, dependencies, warm-up and decision latency.
     pub(super) fn encode_instance(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
         let m = &*self.0;
         gauges(
@@ -179,7 +179,13 @@ impl Exporter {
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
-        m.decision_publish.0.encode(h)?;
+        m.decision_publish.0.encode(h)
+    }
+
+    /// What this instance produced (alerts, dead letters) and the request
+    /// partitions it holds, with their lag.
+    pub(super) fn encode_outputs(&self, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+        let m = &*self.0;
         let by_kind = lock(&m.alerts_by_kind).clone();
         counters(
             enc,
