@@ -2,11 +2,12 @@
 //! capacity planning.
 //!
 //! It runs what `hermes run` runs per record, minus Kafka: decode (plain
-//! Avro), then one `Partition` (dedup, engine, outputs), one partition
-//! holding every channel, on one thread, and emits the outputs as the
-//! service does (`Outputs::emit`:
-//! alerts encoded, gauges into a metrics registry, health reports as
-//! JSON) to a sink that drops them where the service hands them to Kafka.
+//! Avro), then one partition's request path
+//! ([`RequestPath`](crate::service::RequestPath): dedup, engine, outputs),
+//! one partition holding every channel, on one thread; its outputs are
+//! emitted as the service emits them (alerts encoded, gauges into a
+//! metrics registry, health reports as JSON) and dropped where the service
+//! hands them to Kafka.
 //! Traffic is `rate` events per second per channel on average (uniform, or
 //! skewed so that a few channels carry most of it), stamped in event time,
 //! by one gateway or by several whose clocks disagree (`clock_spread_ms`):
@@ -30,12 +31,7 @@
 
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
-use crate::event::RequestEvent;
-use crate::health::HealthReport;
-use crate::service::metrics::Metrics;
-use crate::service::partition::{Hint, Lookahead, OutputSink, Partition, Position, Step};
-use crate::service::state_store::StateWrite;
-use std::collections::BTreeMap;
+use crate::service::RequestPath;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 mod scaling;
@@ -168,74 +164,6 @@ pub fn config_text(channels: usize, base: Option<&str>) -> anyhow::Result<String
     Ok(text)
 }
 
-/// The service's outputs without Kafka and the state store: what the
-/// request thread does to them (encoding, gauges) is measured, what the
-/// producer does is not.
-struct Discard;
-
-impl OutputSink for Discard {
-    fn alert(&mut self, _: &str, record: &[u8]) -> anyhow::Result<()> {
-        std::hint::black_box(record);
-        Ok(())
-    }
-
-    fn save(&mut self, write: StateWrite) {
-        std::hint::black_box(write);
-    }
-
-    fn report(&mut self, report: HealthReport, json: &[u8]) {
-        std::hint::black_box((report, json));
-    }
-}
-
-/// One record through the partition as the request loop handles it, its
-/// outputs emitted into `metrics` as the service emits them (`wall`: the
-/// traffic's arrival time stands in for the wall clock).
-fn step(
-    (part, metrics): (&mut Partition, &Metrics),
-    ev: &RequestEvent<'_>,
-    hint: Hint,
-    offset: i64,
-    wall: i64,
-    at: Instant,
-) {
-    let _ = part.apply_hinted(ev, hint, offset, wall);
-    part.handled(offset, at);
-    let out = part.outputs("bench", || wall);
-    // The alert schema is not registered in the bench: plain Avro.
-    let _ = out.emit(metrics, None, &mut Discard);
-}
-
-/// A batch of records through the partition in order, hinting the memory
-/// of the records ahead as the request loop does. `wall`: the wall time
-/// (ms) the batch is handled at.
-fn apply_batch(
-    (part, metrics): (&mut Partition, &Metrics),
-    batch: &[RequestEvent<'_>],
-    offset: &mut i64,
-    wall: i64,
-) {
-    // One clock reading per batch, as the request loop takes it.
-    let at = Instant::now();
-    let mut hints = [Hint::default(); PAUSE_BATCH];
-    for (i, ev) in batch.iter().enumerate() {
-        Lookahead::ahead(i, batch.len(), |step, j| match step {
-            Step::Lookup => hints[j % PAUSE_BATCH] = part.prefetch_lookup(&batch[j]),
-            Step::Entry => part.prefetch_entry(&batch[j], &mut hints[j % PAUSE_BATCH]),
-            Step::Windows => part.prefetch_windows(&batch[j], &hints[j % PAUSE_BATCH]),
-        });
-        step(
-            (part, metrics),
-            ev,
-            hints[i % PAUSE_BATCH],
-            *offset,
-            wall,
-            at,
-        );
-        *offset += 1;
-    }
-}
-
 /// Refuses options the bench cannot run.
 fn check(opts: &BenchOptions) -> anyhow::Result<()> {
     anyhow::ensure!(opts.channels > 0, "--channels must be at least 1");
@@ -266,12 +194,7 @@ struct Timings {
 
 /// Event-time seconds `seconds` through the partition, not timed: the
 /// windows fill.
-fn warm_up(
-    (part, metrics): (&mut Partition, &Metrics),
-    traffic: &mut Traffic,
-    seconds: std::ops::Range<u64>,
-    offset: &mut i64,
-) {
+fn warm_up(path: &mut RequestPath, traffic: &mut Traffic, seconds: std::ops::Range<u64>) {
     let per_second = traffic.per_second;
     for s in seconds {
         let sec = traffic.second(s);
@@ -283,7 +206,7 @@ fn warm_up(
             batch.clear();
             batch.extend((start..end).map(|i| traffic.event(&sec, i)));
             let wall = sec.arrival_ms(end - 1, per_second);
-            apply_batch((part, metrics), &batch, offset, wall);
+            path.apply(&batch, wall);
         }
     }
 }
@@ -291,10 +214,9 @@ fn warm_up(
 /// Event-time seconds `seconds`, encoded, then decoded alone and through
 /// the request path, each timed.
 fn measure(
-    (part, metrics): (&mut Partition, &Metrics),
+    path: &mut RequestPath,
     traffic: &mut Traffic,
     seconds: std::ops::Range<u64>,
-    offset: &mut i64,
 ) -> anyhow::Result<Timings> {
     let per_second = traffic.per_second;
     let mut encoder = Encoder::default();
@@ -347,7 +269,7 @@ fn measure(
                     .iter()
                     .filter_map(|rec| decoder.decode(rec, &NoRegistry).ok()),
             );
-            apply_batch((part, metrics), &events_of_batch, offset, wall);
+            path.apply(&events_of_batch, wall);
             let took = started.elapsed();
             let cpu = cpu_between(cpu_started, thread_cpu_time());
             if let Some(cpu) = cpu {
@@ -370,36 +292,21 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         .warmup_seconds
         .unwrap_or((cfg.engine.long_window_ms / 1000) as u64);
     let mut traffic = Traffic::new(opts);
-    let pos = Position {
-        resume_at: 0,
-        caught_up_at: Some(0),
-        start: 0,
-        replay_floor_ms: 0,
-    };
-    // The service's default duplicate horizon (`service.dedup_horizon_ms`).
-    let dedup_ms = crate::config::ServiceConfig::default().dedup_horizon_ms;
     // What a partition costs for configured channels whose events go to
     // other partitions (it never sees them).
     let before = rss_bytes();
-    let idle = Partition::rebuild(1, cfg.clone(), pos, &BTreeMap::new(), i64::MAX, dedup_ms);
+    let idle = RequestPath::new(cfg.clone(), 1, "bench");
     let idle_bytes = rss_bytes()
         .zip(before)
         .map(|(a, b)| a.saturating_sub(b) / opts.channels as u64);
     drop(idle);
-    // The service's registry: the gauges of every channel evaluated live
-    // there, and count as the channels' memory.
-    let metrics = Metrics::default();
+    // The partition and its metrics registry: the gauges of every channel
+    // evaluated live there, and count as the channels' memory.
     let before = rss_bytes();
-    let mut part = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, dedup_ms);
-    let mut offset = 0i64;
-    warm_up((&mut part, &metrics), &mut traffic, 0..warmup, &mut offset);
-    let evaluations_before = part.evaluations();
-    let t = measure(
-        (&mut part, &metrics),
-        &mut traffic,
-        warmup..warmup + opts.seconds,
-        &mut offset,
-    )?;
+    let mut path = RequestPath::new(cfg, 0, "bench");
+    warm_up(&mut path, &mut traffic, 0..warmup);
+    let evaluations_before = path.evaluations();
+    let t = measure(&mut path, &mut traffic, warmup..warmup + opts.seconds)?;
     let after = rss_bytes();
     let events = t.events;
     let per_s = |d: Duration| events as f64 / d.as_secs_f64().max(1e-9);
@@ -431,7 +338,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
         idle_bytes_per_channel: idle_bytes,
         max_pause_ms: t.max_pause.as_secs_f64() * 1000.0,
         max_pause_cpu_ms: t.max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
-        evaluations: part.evaluations() - evaluations_before,
+        evaluations: path.evaluations() - evaluations_before,
         huge_page_bytes: crate::allocator::resident_huge_page_bytes(),
     })
 }

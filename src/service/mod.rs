@@ -34,12 +34,14 @@ pub(crate) mod ownership;
 pub(crate) mod partition;
 pub(crate) mod rebalance;
 pub(crate) mod registry;
+mod request_path;
 pub(crate) mod requests;
 pub mod state_store;
 pub mod status;
 pub(crate) mod topics;
 
 pub use kafka::read_alerts;
+pub use request_path::{RequestPath, Verdicts};
 
 use crate::config::{Config, ConfigFile, Runtime};
 use crate::publish::redact_url;
