@@ -3,7 +3,7 @@
 //!
 //! It runs what `hermes run` runs per record, minus Kafka: decode (plain
 //! Avro), then one partition's request path
-//! ([`RequestPath`](crate::service::RequestPath): dedup, engine, outputs),
+//! ([`RequestPath`]: dedup, engine, outputs),
 //! one partition holding every channel, on one thread; its outputs are
 //! emitted as the service emits them (alerts encoded, gauges into a
 //! metrics registry, health reports as JSON) and dropped where the service
