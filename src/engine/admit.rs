@@ -5,7 +5,8 @@
 
 use super::{evaluate, ApplyError, ChannelHint, ChannelIdx, Engine, Streaks};
 use crate::alert::{AlertEvent, Subject};
-use crate::event::{ErrorClass, RequestEvent};
+use crate::config::EngineConfig;
+use crate::event::RequestEvent;
 
 /// The channel of `ev`: `hint` if it was looked up for this engine's
 /// channels as they are, else looked up now.
@@ -69,7 +70,10 @@ pub(super) fn apply_against(
         evaluate::advance_to(engine, t, out);
     }
     engine.stats.applied += 1;
-    if let Some(streaks) = record(engine, idx, ev) {
+    if !ev.was_sent() {
+        engine.stats.unsent += 1;
+    }
+    if let Some(streaks) = engine.channels[idx as usize].record(ev) {
         on_streaks(engine, idx, t, ev.is_probe, streaks, out);
     }
     Ok(())
@@ -97,7 +101,7 @@ pub(super) fn admit(
             return Err(ApplyError::TooLate { lag_ms: w - t });
         }
     }
-    check_plausible(engine, ev)?;
+    check_plausible(&engine.cfg.engine, ev)?;
     if let Some(reference) = reference {
         check_clock(engine, ev, reference)?;
     }
@@ -113,53 +117,9 @@ pub(super) fn admit(
     Ok(idx)
 }
 
-/// Records an admitted event in its channel's windows, outcomes and
-/// failure streaks. The streaks, when the machine may act on them (a
-/// sent, not cancelled attempt of a channel not frozen by a restore).
-pub(super) fn record(
-    engine: &mut Engine,
-    idx: ChannelIdx,
-    ev: &RequestEvent<'_>,
-) -> Option<Streaks> {
-    let t = ev.event_time_ms;
-    let ch = &mut engine.channels[idx as usize];
-    ch.ring.record(ev);
-    if !ev.was_sent() {
-        // Demand only: says nothing about the channel's health.
-        engine.stats.unsent += 1;
-        ch.last_unsent_ms = Some(ch.last_unsent_ms.map_or(t, |l| l.max(t)));
-        return None;
-    }
-    if ch.counts_quota && ev.quota_remaining.is_none() {
-        ch.quota.record(t, ch.cfg.quota_period_ms);
-    }
-    ch.last_event_ms = Some(ch.last_event_ms.map_or(t, |l| l.max(t)));
-    if ev.error_class == ErrorClass::Cancelled {
-        return None;
-    }
-    if ev.is_probe {
-        if ev.error_class.is_hard_failure() {
-            ch.probe_streak += 1;
-        } else if ev.error_class == ErrorClass::None {
-            ch.probe_streak = 0;
-        }
-    }
-    if ev.error_class == ErrorClass::None || ev.error_class.is_hard_failure() {
-        ch.outcomes.record(ev.error_class.is_hard_failure());
-    }
-    let before = ch.streak.count;
-    let n = ch.streak.record(ev.error_class);
-    (!ch.frozen_at(t)).then_some(Streaks {
-        grew: n > before,
-        failures: n,
-        probes: ch.probe_streak,
-    })
-}
-
 /// Token counts and latencies within `engine.max_tokens_per_attempt` and
 /// `engine.max_latency_ms`.
-pub(super) fn check_plausible(engine: &Engine, ev: &RequestEvent<'_>) -> Result<(), ApplyError> {
-    let e = &engine.cfg.engine;
+pub(super) fn check_plausible(e: &EngineConfig, ev: &RequestEvent<'_>) -> Result<(), ApplyError> {
     let tokens = e.max_tokens_per_attempt as i64;
     let latency = e.max_latency_ms as i64;
     let checks = [

@@ -1,8 +1,10 @@
 //! One channel's runtime: its windows, its machine, and what an evaluation
 //! reads from them (the AT_RISK bounds, the episode, the quota burn, the
-//! baseline).
+//! baseline), and how an admitted event is recorded in them.
 
+use super::Streaks;
 use crate::config::ChannelConfig;
+use crate::event::{ErrorClass, RequestEvent};
 use crate::score::{optimistic, pessimistic, score, Score};
 use crate::short_str::ShortStr;
 use crate::signals::{baseline_point, SignalKind, Signals};
@@ -291,6 +293,43 @@ impl ChannelRuntime {
         let bytes = std::mem::offset_of!(ChannelRuntime, ring) + SliceRing::HOT_BYTES;
         crate::prefetch::lines(self as *const ChannelRuntime, bytes);
         self.group_id.prefetch_heap();
+    }
+
+    /// Records an admitted event in its channel's windows, outcomes and
+    /// failure streaks. The streaks, when the machine may act on them (a
+    /// sent, not cancelled attempt of a channel not frozen by a restore).
+    pub(super) fn record(&mut self, ev: &RequestEvent<'_>) -> Option<Streaks> {
+        let t = ev.event_time_ms;
+        self.ring.record(ev);
+        if !ev.was_sent() {
+            // Demand only: says nothing about the channel's health.
+            self.last_unsent_ms = Some(self.last_unsent_ms.map_or(t, |l| l.max(t)));
+            return None;
+        }
+        if self.counts_quota && ev.quota_remaining.is_none() {
+            self.quota.record(t, self.cfg.quota_period_ms);
+        }
+        self.last_event_ms = Some(self.last_event_ms.map_or(t, |l| l.max(t)));
+        if ev.error_class == ErrorClass::Cancelled {
+            return None;
+        }
+        if ev.is_probe {
+            if ev.error_class.is_hard_failure() {
+                self.probe_streak += 1;
+            } else if ev.error_class == ErrorClass::None {
+                self.probe_streak = 0;
+            }
+        }
+        if ev.error_class == ErrorClass::None || ev.error_class.is_hard_failure() {
+            self.outcomes.record(ev.error_class.is_hard_failure());
+        }
+        let before = self.streak.count;
+        let n = self.streak.record(ev.error_class);
+        (!self.frozen_at(t)).then_some(Streaks {
+            grew: n > before,
+            failures: n,
+            probes: self.probe_streak,
+        })
     }
 
     pub(super) fn frozen_at(&self, t: i64) -> bool {
