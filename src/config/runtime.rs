@@ -59,6 +59,17 @@ pub struct KafkaConfig {
     /// The consumer group's session timeout: how long an instance that
     /// stopped answering keeps its partitions before they move.
     pub session_timeout_ms: i64,
+    /// Static membership (Kafka's `group.instance.id`, KIP-345): a name
+    /// this instance keeps across restarts, unique in the group; request
+    /// loop `n` joins as `<name>-<n>`. A member that stops keeps its
+    /// partitions for `session_timeout_ms` instead of handing them over
+    /// at once: restarted within it (a rolling restart, a crash the
+    /// supervisor restarts), it gets them back with no rebalance, and the
+    /// other instances' partitions never move. Stopped for good, its
+    /// partitions move once the session times out. `HERMES_GROUP_INSTANCE_ID`
+    /// overrides it (a StatefulSet's pod name through the downward API).
+    /// Empty: dynamic membership, partitions handed over at every stop.
+    pub group_instance_id: String,
     /// Schema Registry base URL (`http://` or `https://host:port[/path]`)
     /// for Confluent-framed records; empty: plain datums only.
     pub schema_registry_url: String,
@@ -102,6 +113,7 @@ impl Default for KafkaConfig {
             dead_letter_topic: "hermes.dead-letters".into(),
             health_topic: "hermes.health".into(),
             session_timeout_ms: 10_000,
+            group_instance_id: String::new(),
             schema_registry_url: String::new(),
             schema_registry_username: String::new(),
             schema_registry_password: String::new(),
@@ -117,6 +129,22 @@ impl Default for KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// The static member name of request loop `lane` (see
+    /// `group_instance_id`; `HERMES_GROUP_INSTANCE_ID` first), `None` for
+    /// dynamic membership; Err when the environment's name is not one
+    /// Kafka takes.
+    pub fn static_member(&self, lane: usize) -> anyhow::Result<Option<String>> {
+        let from_env = std::env::var(GROUP_INSTANCE_ENV)
+            .ok()
+            .filter(|v| !v.is_empty());
+        let name = from_env.as_deref().unwrap_or(&self.group_instance_id);
+        if name.is_empty() {
+            return Ok(None);
+        }
+        check_member_name(name).map_err(|why| anyhow::anyhow!("{GROUP_INSTANCE_ENV}: {why}"))?;
+        Ok(Some(format!("{name}-{lane}")))
+    }
+
     /// Whether alerts are written Confluent-framed (see `alert_wire_format`).
     pub fn frames_alerts(&self) -> bool {
         match self.alert_wire_format {
@@ -150,6 +178,9 @@ impl KafkaConfig {
             v.push("kafka.group_id", "must not be empty");
         }
         v.positive_ms("kafka.session_timeout_ms".into(), self.session_timeout_ms);
+        if let Err(why) = check_member_name(&self.group_instance_id) {
+            v.push("kafka.group_instance_id", why);
+        }
         let url = &self.schema_registry_url;
         if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
             v.push(
@@ -189,6 +220,7 @@ impl KafkaConfig {
                     | "group.id"
                     | "enable.auto.commit"
                     | "enable.auto.offset.store"
+                    | "group.instance.id"
             ) {
                 v.push(
                     format!("kafka.properties.{k}"),
@@ -196,6 +228,26 @@ impl KafkaConfig {
                 );
             }
         }
+    }
+}
+
+/// Overrides `kafka.group_instance_id` when set and not empty.
+pub const GROUP_INSTANCE_ENV: &str = "HERMES_GROUP_INSTANCE_ID";
+
+/// A static member name Kafka takes (its legal characters, with room for
+/// the loop's suffix); empty is allowed (no static membership).
+fn check_member_name(name: &str) -> Result<(), String> {
+    if name.len() > 200 {
+        return Err("must be at most 200 characters".into());
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(c) => Err(format!(
+            "may hold only ASCII letters, digits, `.`, `_` and `-` (found {c:?})"
+        )),
+        None => Ok(()),
     }
 }
 

@@ -431,3 +431,30 @@ fn request_threads_zero_means_one_per_core_and_is_bounded() {
     let e = with("1000").unwrap_err().to_string();
     assert!(e.contains("service.request_threads"), "{e}");
 }
+
+#[test]
+fn a_static_member_name_is_checked_and_each_request_loop_gets_its_own() {
+    let named = |name: &str| format!("{MINIMAL}\n[kafka]\ngroup_instance_id = \"{name}\"\n");
+    let file = ConfigFile::from_toml(&named("hermes-0")).unwrap();
+    if std::env::var_os(GROUP_INSTANCE_ENV).is_none() {
+        let k = &file.runtime.kafka;
+        assert_eq!(k.static_member(0).unwrap().as_deref(), Some("hermes-0-0"));
+        assert_eq!(k.static_member(3).unwrap().as_deref(), Some("hermes-0-3"));
+        // Unset: dynamic membership.
+        let plain = ConfigFile::from_toml(MINIMAL).unwrap();
+        assert_eq!(plain.runtime.kafka.static_member(0).unwrap(), None);
+    }
+    let e = ConfigFile::from_toml(&named("pod 1"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.group_instance_id"), "{e}");
+    let e = ConfigFile::from_toml(&named(&"x".repeat(201)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 200"), "{e}");
+    // Not through the pass-through properties: one name for every loop
+    // would fence them off one another.
+    let raw = format!("{MINIMAL}\n[kafka.properties]\n\"group.instance.id\" = \"a\"\n");
+    let e = ConfigFile::from_toml(&raw).unwrap_err().to_string();
+    assert!(e.contains("kafka.properties.group.instance.id"), "{e}");
+}

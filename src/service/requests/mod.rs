@@ -230,7 +230,11 @@ fn request_consumer(
     lane: usize,
     ctx: RequestContext,
 ) -> anyhow::Result<RequestConsumer> {
-    let consumer: RequestConsumer = kafka::client_config(k)
+    let mut config = kafka::client_config(k);
+    if let Some(member) = k.static_member(lane)? {
+        config.set("group.instance.id", member);
+    }
+    let consumer: RequestConsumer = config
         .set("group.id", &k.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
