@@ -440,6 +440,16 @@ fn validate_sections(raw: &RawConfig, v: &mut Issues) {
     validate_safety(&raw.safety, v);
     raw.kafka.validate(v);
     raw.service.validate(v);
+    if raw.service.dedup_horizon_ms < raw.engine.allowed_lateness_ms {
+        v.push(
+            "service.dedup_horizon_ms",
+            format!(
+                "must be at least engine.allowed_lateness_ms ({} ms): a copy of an event \
+                 the engine still takes as on time would be counted twice",
+                raw.engine.allowed_lateness_ms
+            ),
+        );
+    }
     for class in TrafficClass::ALL {
         let c = raw.traffic_classes.get(*class);
         let name = class.as_str().to_ascii_lowercase();

@@ -458,3 +458,23 @@ fn a_static_member_name_is_checked_and_each_request_loop_gets_its_own() {
     let e = ConfigFile::from_toml(&raw).unwrap_err().to_string();
     assert!(e.contains("kafka.properties.group.instance.id"), "{e}");
 }
+
+#[test]
+fn the_duplicate_horizon_covers_the_allowed_lateness() {
+    let text = |dedup: i64, lateness: i64| {
+        format!(
+            "{MINIMAL}\n[service]\ndedup_horizon_ms = {dedup}\n[engine]\nallowed_lateness_ms = {lateness}\n"
+        )
+    };
+    assert!(ConfigFile::from_toml(&text(10_000, 10_000)).is_ok());
+    let e = ConfigFile::from_toml(&text(5_000, 10_000))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("service.dedup_horizon_ms") && e.contains("allowed_lateness_ms (10000 ms)"),
+        "{e}"
+    );
+    // The defaults hold together.
+    let d = ConfigFile::from_toml(MINIMAL).unwrap();
+    assert!(d.runtime.service.dedup_horizon_ms >= d.policy.engine.allowed_lateness_ms);
+}
