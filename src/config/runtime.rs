@@ -59,6 +59,13 @@ pub struct KafkaConfig {
     /// The consumer group's session timeout: how long an instance that
     /// stopped answering keeps its partitions before they move.
     pub session_timeout_ms: i64,
+    /// How often each request loop tells the group coordinator it is alive.
+    /// A rebalance reaches a member only in the answer to its next
+    /// heartbeat, and a cooperative rebalance needs every member twice
+    /// (revoke, then assign): a moved partition waits for up to two of
+    /// these before its new owner even starts rebuilding it. At most a
+    /// third of `session_timeout_ms`.
+    pub heartbeat_interval_ms: i64,
     /// Static membership (Kafka's `group.instance.id`, KIP-345): a name
     /// this instance keeps across restarts, unique in the group; request
     /// loop `n` joins as `<name>-<n>`. A member that stops keeps its
@@ -113,6 +120,7 @@ impl Default for KafkaConfig {
             dead_letter_topic: "hermes.dead-letters".into(),
             health_topic: "hermes.health".into(),
             session_timeout_ms: 10_000,
+            heartbeat_interval_ms: 1_000,
             group_instance_id: String::new(),
             schema_registry_url: String::new(),
             schema_registry_username: String::new(),
@@ -178,6 +186,20 @@ impl KafkaConfig {
             v.push("kafka.group_id", "must not be empty");
         }
         v.positive_ms("kafka.session_timeout_ms".into(), self.session_timeout_ms);
+        v.positive_ms(
+            "kafka.heartbeat_interval_ms".into(),
+            self.heartbeat_interval_ms,
+        );
+        if self.heartbeat_interval_ms.saturating_mul(3) > self.session_timeout_ms {
+            v.push(
+                "kafka.heartbeat_interval_ms",
+                format!(
+                    "must be at most a third of kafka.session_timeout_ms ({} ms), got {}: \
+                     a member that misses two heartbeats would lose its partitions",
+                    self.session_timeout_ms, self.heartbeat_interval_ms
+                ),
+            );
+        }
         if let Err(why) = check_member_name(&self.group_instance_id) {
             v.push("kafka.group_instance_id", why);
         }
@@ -221,6 +243,8 @@ impl KafkaConfig {
                     | "enable.auto.commit"
                     | "enable.auto.offset.store"
                     | "group.instance.id"
+                    | "session.timeout.ms"
+                    | "heartbeat.interval.ms"
             ) {
                 v.push(
                     format!("kafka.properties.{k}"),

@@ -478,3 +478,32 @@ fn the_duplicate_horizon_covers_the_allowed_lateness() {
     let d = ConfigFile::from_toml(MINIMAL).unwrap();
     assert!(d.runtime.service.dedup_horizon_ms >= d.policy.engine.allowed_lateness_ms);
 }
+
+#[test]
+fn the_heartbeat_fits_the_session_three_times() {
+    let text = |session: i64, heartbeat: i64| {
+        format!(
+            "{MINIMAL}\n[kafka]\nsession_timeout_ms = {session}\nheartbeat_interval_ms = {heartbeat}\n"
+        )
+    };
+    assert!(ConfigFile::from_toml(&text(3_000, 1_000)).is_ok());
+    let e = ConfigFile::from_toml(&text(2_000, 1_000))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kafka.heartbeat_interval_ms") && e.contains("session_timeout_ms (2000 ms)"),
+        "{e}"
+    );
+    let e = ConfigFile::from_toml(&text(10_000, 0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.heartbeat_interval_ms"), "{e}");
+    // librdkafka's own keys for them are refused: Hermes sets both.
+    for key in ["session.timeout.ms", "heartbeat.interval.ms"] {
+        let raw = format!("{MINIMAL}\n[kafka.properties]\n\"{key}\" = \"3000\"\n");
+        let e = ConfigFile::from_toml(&raw).unwrap_err().to_string();
+        assert!(e.contains(&format!("kafka.properties.{key}")), "{e}");
+    }
+    let d = ConfigFile::from_toml(MINIMAL).unwrap();
+    assert!(d.runtime.kafka.heartbeat_interval_ms * 3 <= d.runtime.kafka.session_timeout_ms);
+}

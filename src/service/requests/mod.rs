@@ -240,10 +240,7 @@ fn request_consumer(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", k.session_timeout_ms.to_string())
-        .set(
-            "heartbeat.interval.ms",
-            (k.session_timeout_ms / 3).max(100).to_string(),
-        )
+        .set("heartbeat.interval.ms", k.heartbeat_interval_ms.to_string())
         // Incremental rebalances: partitions that stay keep their
         // engines, only moved ones are revoked and rebuilt.
         .set("partition.assignment.strategy", "cooperative-sticky")
