@@ -19,7 +19,7 @@ use crate::backoff::Backoff;
 use crate::composition::{group_reports, ReportGate};
 use crate::config::Config;
 use crate::dedup::Dedup;
-use crate::engine::{Admitted, ApplyError, ChannelHint, Engine};
+use crate::engine::{Admitted, ApplyError, ChannelHint, ChannelIdx, Engine};
 use crate::event::RequestEvent;
 use crate::short_str::ShortStr;
 use crate::signals::SignalKind;
@@ -154,6 +154,10 @@ pub struct Partition {
     pub active: bool,
     /// Waiting at a record the schema registry must decode.
     registry_wait: Option<RegistryWait>,
+    /// When it was rebuilt and from which offset, until its first report
+    /// (logged then: how long a moved partition's channels went unreported
+    /// on this side of the rebalance).
+    rebuilt: Option<(Instant, i64)>,
 }
 
 /// A partition paused at `offset` until `until`; `resumed` once reading
@@ -217,6 +221,7 @@ impl Partition {
             saved: restored,
             active: true,
             registry_wait: None,
+            rebuilt: Some((Instant::now(), pos.start)),
         }
     }
 
@@ -504,6 +509,18 @@ impl Partition {
         let (Some(changed), Some(watermark)) = (due, self.engine.watermark_ms()) else {
             return out;
         };
+        let reporting = self.caught_up() && self.engine.is_warm();
+        // The first report after a rebuild names every channel with events,
+        // each as its last evaluation (in the replay) left it: waiting for
+        // each channel's phase would keep a moved partition's channels
+        // unreported for up to another interval.
+        let touched = if reporting && self.rebuilt.is_some() {
+            (0..self.engine.channel_count() as ChannelIdx)
+                .filter(|&idx| self.engine.has_events(idx))
+                .collect()
+        } else {
+            touched
+        };
         let mut healths = Vec::new();
         for idx in touched {
             let Some(reading) = self.engine.reading(idx) else {
@@ -544,7 +561,15 @@ impl Partition {
             out.gauges.push((idx, ShortStr::new(&h.id), g));
             healths.push(h);
         }
-        if self.caught_up() && self.engine.is_warm() {
+        if reporting {
+            if let Some((at, start)) = self.rebuilt.take() {
+                tracing::info!(
+                    partition = self.id,
+                    records = self.next_offset - start,
+                    took_ms = at.elapsed().as_millis() as u64,
+                    "partition reporting after its rebuild"
+                );
+            }
             let changed_at = changed.then(wall_ms);
             out.reports = group_reports(healths, watermark, instance, self.id, changed_at);
         }
@@ -640,6 +665,60 @@ mod tests {
         }
         assert_eq!(hinted.engine.stats().applied, 3);
         assert_eq!(hinted.dedup.duplicates(), 2);
+    }
+
+    /// Once caught up after a rebuild, the first report names every
+    /// channel with events, not only those whose phase of the interval
+    /// came first (two groups: evaluated 20 ms apart).
+    #[test]
+    fn the_first_report_after_a_rebuild_names_every_channel() {
+        let cfg = Arc::new(
+            Config::from_toml(
+                "[[groups]]\nid = \"a\"\n[[groups.channels]]\nid = \"a1\"\ntier = \"paid\"\n\
+                 price_per_1k_tokens = 1.0\ncapacity_rps = 100.0\n\
+                 [[groups]]\nid = \"b\"\n[[groups.channels]]\nid = \"b1\"\ntier = \"paid\"\n\
+                 price_per_1k_tokens = 1.0\ncapacity_rps = 100.0\n",
+            )
+            .unwrap(),
+        );
+        let caught_up_at = 2_000;
+        let pos = Position {
+            resume_at: 0,
+            caught_up_at: Some(caught_up_at),
+            start: 0,
+            replay_floor_ms: 0,
+        };
+        let mut p = Partition::rebuild(0, cfg, pos, &BTreeMap::new(), i64::MAX, 60_000);
+        let t0 = 1_764_000_000_000;
+        let mut offset = 0;
+        let mut t = t0;
+        // One id: an event is its gateway, id and time, and times differ.
+        let send = |p: &mut Partition, channel: &'static str, t: i64, offset: i64| {
+            let mut e = event(channel, t, "e");
+            e.route_group = &channel[..1];
+            p.apply(&e, offset, t).unwrap();
+            p.handled(offset, Instant::now());
+            p.outputs("i", || 0)
+        };
+        // 70 s of both channels (warm), not yet caught up: no reports.
+        while offset < caught_up_at {
+            let channel = if offset % 2 == 0 { "a1" } else { "b1" };
+            assert!(send(&mut p, channel, t, offset).reports.is_empty());
+            t += 36;
+            offset += 1;
+        }
+        // Caught up: the first report, whichever phase comes first, names
+        // both groups.
+        let first = loop {
+            let out = send(&mut p, "a1", t, offset);
+            if !out.reports.is_empty() {
+                break out.reports;
+            }
+            t += 1;
+            offset += 1;
+        };
+        let groups: Vec<&str> = first.iter().map(|r| r.group.as_str()).collect();
+        assert_eq!(groups, ["a", "b"]);
     }
 
     #[test]

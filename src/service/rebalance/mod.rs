@@ -218,6 +218,7 @@ impl RequestContext {
         c: &BaseConsumer<RequestContext>,
         tpl: &mut TopicPartitionList,
     ) -> Vec<Assigned> {
+        let asked_at = Instant::now();
         let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
         let positions = self.held(&partitions);
         let mut fresh = TopicPartitionList::new();
@@ -253,7 +254,7 @@ impl RequestContext {
         }
         let replay_from = self.replay_from(c, &fresh);
         let mut out = Vec::new();
-        for p in partitions {
+        for &p in &partitions {
             let high = self.high_watermark(c, p);
             let known = Known {
                 position: positions.get(&p).copied(),
@@ -273,6 +274,13 @@ impl RequestContext {
             );
             out.push(assigned);
         }
+        // The broker's answers (committed offsets, the window by time, high
+        // watermarks) hold the rebalance up for this long.
+        tracing::info!(
+            ?partitions,
+            took_ms = asked_at.elapsed().as_millis() as u64,
+            "assignment planned"
+        );
         out
     }
 
