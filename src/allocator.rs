@@ -1,7 +1,7 @@
 //! The process's memory allocator: jemalloc, with its memory in huge pages.
 //!
 //! At steady state the request path reads a channel's state at random
-//! across hundreds of MB (about 56 KB a channel, 10 000 channels a
+//! across hundreds of MB (about 44 KB a channel, 10 000 channels a
 //! partition), and with 4 KB pages nearly every record also misses the
 //! TLB: a page-table walk before the load itself. In 2 MB pages the same
 //! state is a few hundred TLB entries. glibc's malloc asks the kernel for

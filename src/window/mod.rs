@@ -34,11 +34,12 @@
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
 //! events go to another partition costs about 3 KB, its engine state).
-//! Then 60 slices of counters (224 B each), the short view's 12 slices of
+//! Then 60 slices of counters (192 B each; 16 B more a slice once the channel
+//! reports its quota), the short view's 12 slices of
 //! digests (~140 B of summaries and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
 //! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64
-//! staged `f32`. With the defaults a channel at 20 events/s holds about 15 KB of
+//! staged `f32`. With the defaults a channel at 20 events/s holds about 12 KB of
 //! counters and 20 KB of digests; `hermes bench` measures what a channel
 //! really holds, duplicate detection included. The outcome window is
 //! `outcome_window` bytes, the baseline 16 B per point.

@@ -3,7 +3,7 @@
 //! kind and drained in batches), panes split off the newest slice, and
 //! slices retired as event time moves on.
 
-use super::slice::{Pane, Slice, SliceDigests, Staging};
+use super::slice::{Pane, QuotaReport, Slice, SliceDigests, Staging};
 use super::{
     Digest, ViewCounters, STAGE_KINDS, STAGE_LONG, STAGE_OUTPUT, STAGE_PROBE, STAGE_SHORT,
     STAGE_TTFB,
@@ -39,6 +39,9 @@ pub struct SliceRing {
     slice_ms: i64,
     /// Empty until the first event, then `len` slots.
     slices: Vec<Slice>,
+    /// Each slot's last quota report: empty until the channel's first
+    /// report, then `len` slots (most channels never report one).
+    quotas: Box<[QuotaReport]>,
     /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
     /// from the slices so that the per-tick range scans touch one compact
     /// array, not a cache line per slot.
@@ -101,6 +104,7 @@ impl SliceRing {
             // Allocated at the first event (`slot_for`): a configured
             // channel whose events never come here costs next to nothing.
             slices: Vec::new(),
+            quotas: Box::default(),
             indices: Vec::new(),
             fine: Vec::new(),
             fine_indices: Vec::new(),
@@ -179,7 +183,7 @@ impl SliceRing {
                 out.probe.add(&s.probe);
                 for i in 0..4 {
                     out.class_requests[i] += s.class_requests[i];
-                    out.class_tokens[i] += s.class_tokens[i];
+                    out.class_tokens[i] += s.class_tokens[i] as u64;
                     out.class_unsent[i] += s.class_unsent[i];
                 }
             }
@@ -244,11 +248,11 @@ impl SliceRing {
         let (first, last) = self.range(now_ms, window_ms, i64::MIN / 2);
         let mut oldest: Option<(i64, i64)> = None;
         let mut newest: Option<(i64, i64)> = None;
-        for (s, &index) in self.slices.iter().zip(&self.indices) {
+        for (r, &index) in self.quotas.iter().zip(&self.indices) {
             if index < first || index > last {
                 continue;
             }
-            if let Some(q) = s.quota() {
+            if let Some(q) = r.get() {
                 if oldest.is_none_or(|o| q.0 < o.0) {
                     oldest = Some(q);
                 }
@@ -312,6 +316,9 @@ impl SliceRing {
                 return None;
             }
             self.slices[slot] = Slice::empty();
+            if let Some(q) = self.quotas.get_mut(slot) {
+                *q = QuotaReport::NONE;
+            }
             self.indices[slot] = index;
         }
         Some(slot)
@@ -344,20 +351,30 @@ impl SliceRing {
         };
         c.count(ev, long, slow_request_ms, short_output_tokens);
         let tokens = ev.input_tokens as u64 + ev.output_tokens_reported().unwrap_or(0) as u64;
-        if let Some(q) = ev.quota_remaining {
-            if ev.event_time_ms >= s.quota_at_ms {
-                (s.quota_at_ms, s.quota_remaining) = (ev.event_time_ms, q);
-            }
-        }
         if !ev.is_probe {
             let class = ev.traffic_class.index();
             s.class_requests[class] += 1;
-            s.class_tokens[class] += tokens;
+            let tokens = tokens.min(u32::MAX as u64) as u32;
+            s.class_tokens[class] = s.class_tokens[class].saturating_add(tokens);
+        }
+        if let Some(q) = ev.quota_remaining {
+            self.report_quota(slot, ev.event_time_ms, q);
         }
         if self.stage(ev) {
             self.drain_stage(self.cur);
         }
         true
+    }
+
+    /// Keeps a quota report if it is the slot's latest.
+    fn report_quota(&mut self, slot: usize, at_ms: i64, remaining: i64) {
+        if self.quotas.is_empty() {
+            self.quotas = vec![QuotaReport::NONE; self.len].into_boxed_slice();
+        }
+        let r = &mut self.quotas[slot];
+        if at_ms >= r.at_ms {
+            *r = QuotaReport { at_ms, remaining };
+        }
     }
 
     /// Hints what [`SliceRing::record`] touches for `ev` when it lands in

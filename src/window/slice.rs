@@ -72,22 +72,21 @@ impl Staging {
 }
 
 /// One slice's counters. `repr(C)`: what a real (not probe) event counts
-/// comes first, [`Slice::REAL_BYTES`] of it.
+/// comes first, [`Slice::REAL_BYTES`] of it. 192 bytes: sixty of them fit
+/// the allocator's 12 KiB size class (a quota report, which most channels
+/// never send, is kept apart: [`QuotaReport`]).
 #[derive(Clone)]
 #[repr(C)]
 pub(super) struct Slice {
     pub(super) real: Counters,
     /// Real requests and tokens per traffic class (scheduler demand).
+    /// Tokens saturate at `u32::MAX` a slice (some 800 M a second for a
+    /// 5-second slice); the views sum them in `u64`.
     pub(super) class_requests: [u32; 4],
-    pub(super) class_tokens: [u64; 4],
+    pub(super) class_tokens: [u32; 4],
     pub(super) probe: Counters,
     /// Requests per traffic class the gateways did not send (demand only).
     pub(super) class_unsent: [u32; 4],
-    /// Last quota report in this slice: its event time (`i64::MIN`: none;
-    /// an `Option` costs 8 more bytes in each of 60 slices) and the quota
-    /// remaining. See [`Slice::quota`].
-    pub(super) quota_at_ms: i64,
-    pub(super) quota_remaining: i64,
 }
 
 impl Slice {
@@ -100,14 +99,28 @@ impl Slice {
             class_requests: [0; 4],
             class_tokens: [0; 4],
             class_unsent: [0; 4],
-            quota_at_ms: i64::MIN,
-            quota_remaining: 0,
         }
     }
+}
 
-    /// The slice's last quota report: (event time, remaining).
-    pub(super) fn quota(&self) -> Option<(i64, i64)> {
-        (self.quota_at_ms != i64::MIN).then_some((self.quota_at_ms, self.quota_remaining))
+/// A slice's last quota report: its event time (`i64::MIN`: none) and the
+/// quota remaining. A ring keeps one per slice only once its channel has
+/// reported a quota (`SliceRing::quotas`).
+#[derive(Clone, Copy)]
+pub(super) struct QuotaReport {
+    pub(super) at_ms: i64,
+    pub(super) remaining: i64,
+}
+
+impl QuotaReport {
+    pub(super) const NONE: QuotaReport = QuotaReport {
+        at_ms: i64::MIN,
+        remaining: 0,
+    };
+
+    /// (event time, remaining), if there is one.
+    pub(super) fn get(&self) -> Option<(i64, i64)> {
+        (self.at_ms != i64::MIN).then_some((self.at_ms, self.remaining))
     }
 }
 

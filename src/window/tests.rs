@@ -354,3 +354,60 @@ fn baseline_median_needs_enough_points() {
     // capacity 5: the first point (100) is gone
     assert_eq!(b.p99_ms(1), Some(400.0));
 }
+
+#[test]
+fn quota_reports_are_kept_per_slice_and_forgotten_with_it() {
+    let mut ring = SliceRing::new(cfg().ring_shape());
+    let t0 = 1_000_000_000;
+    let ev_at = |t: i64, latency: i32| RequestEvent {
+        quota_remaining: None,
+        ..ev_at(t, latency)
+    };
+    // No report: nothing is kept for them.
+    ring.record(&ev_at(t0, 100));
+    assert!(ring.quota_reports(t0, 300_000).is_none());
+    assert!(ring.quotas.is_empty(), "no quota storage without a report");
+    let with_quota = |t: i64, q: i64| {
+        let mut e = ev_at(t, 100);
+        e.quota_remaining = Some(q);
+        e
+    };
+    // The latest report by event time wins within a slice, whatever the
+    // arrival order; the view's oldest and newest slice reports are given.
+    ring.record(&with_quota(t0 + 1_000, 900));
+    ring.record(&with_quota(t0 + 3_000, 700));
+    ring.record(&with_quota(t0 + 2_000, 800));
+    ring.record(&with_quota(t0 + 60_000, 400));
+    assert_eq!(
+        ring.quota_reports(t0 + 60_000, 300_000),
+        Some(((t0 + 3_000, 700), (t0 + 60_000, 400)))
+    );
+    // A slot taken by a newer slice forgets its report.
+    ring.record(&ev_at(t0 + 300_000, 100));
+    assert_eq!(
+        ring.quota_reports(t0 + 300_000, 300_000),
+        Some(((t0 + 60_000, 400), (t0 + 60_000, 400)))
+    );
+}
+
+#[test]
+fn class_tokens_saturate_within_a_slice_and_sum_wide_across_slices() {
+    let mut ring = SliceRing::new(cfg().ring_shape());
+    let t0 = 1_000_000_000;
+    let mut e = ev_at(t0, 100);
+    e.input_tokens = i32::MAX;
+    e.output_tokens = i32::MAX;
+    for i in 0..3 {
+        e.event_time_ms = t0 + i;
+        ring.record(&e);
+    }
+    e.event_time_ms = t0 + 5_000;
+    ring.record(&e);
+    let view = ring.counters(t0 + 5_000, 300_000, i64::MIN / 2);
+    let class = e.traffic_class.index();
+    // An event's tokens are 2 * i32::MAX = u32::MAX - 1: the first slice's
+    // three saturate, the second slice holds one event's.
+    let one = 2 * i32::MAX as u64;
+    assert_eq!(view.class_tokens[class], u32::MAX as u64 + one);
+    assert_eq!(view.class_requests[class], 4);
+}
