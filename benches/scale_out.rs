@@ -38,7 +38,9 @@
 //! are read every 200 ms: a version that goes back, or the drained channel
 //! back above weight 0, is counted as a regression. Needs `tansu` and
 //! `redis-server` (`bash .ci/run` installs both); skips otherwise. Not a
-//! timed test: read the numbers.
+//! timed test: read the numbers. The instances' logs are kept (and their
+//! directory named) when a snapshot regressed, or when
+//! `HERMES_BENCH_KEEP_LOGS` is set.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -348,15 +350,29 @@ impl std::ops::AddAssign for Counts {
     }
 }
 
-fn counts_from_metrics(h: &Hermes) -> Counts {
-    let m = |s: &str| h.metric(s).unwrap_or(0.0) as u64;
-    let dead = h.metric_sum("hermes_dead_letters_total");
-    Counts {
-        applied: m("hermes_events_applied_total"),
-        duplicates: m("hermes_events_duplicate_total"),
-        too_late: m("hermes_events_too_late_total"),
-        dead_lettered: dead as u64,
+/// An instance's counts from one `/metrics` read (retried for a few
+/// seconds: on a loaded machine one read may time out); `None` if it never
+/// answered.
+fn counts_from_metrics(h: &Hermes) -> Option<Counts> {
+    for _ in 0..20 {
+        let Some(text) = h.get("/metrics") else {
+            std::thread::sleep(Duration::from_millis(250));
+            continue;
+        };
+        let sum = |series: &str| -> u64 {
+            text.lines()
+                .filter(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', '{']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        return Some(Counts {
+            applied: sum("hermes_events_applied_total"),
+            duplicates: sum("hermes_events_duplicate_total"),
+            too_late: sum("hermes_events_too_late_total"),
+            dead_lettered: sum("hermes_dead_letters_total"),
+        });
     }
+    None
 }
 
 /// The `hermes stopped` line of an instance's log.
@@ -409,8 +425,13 @@ impl Fleet {
         let mut h = self.live.remove(name).expect("live instance");
         let c = counts_from_metrics(&h);
         h.kill();
-        self.gone += c;
-        c
+        match c {
+            Some(c) => self.gone += c,
+            None => {
+                eprintln!("  {name}: /metrics never answered before the kill; its records are missing from the accounting");
+            }
+        }
+        c.unwrap_or_default()
     }
 
     fn pids(&self) -> HashMap<u32, &'static str> {
@@ -635,7 +656,7 @@ fn main() {
         states.join(" -> ")
     );
     drop(kafka);
-    if regressions == 0 {
+    if regressions == 0 && std::env::var_os("HERMES_BENCH_KEEP_LOGS").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         eprintln!("logs kept in {}", dir.display());

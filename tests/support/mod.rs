@@ -22,9 +22,15 @@ pub fn http_get(url: &str, query: &[(&str, &str)], timeout: Duration) -> Option<
     for (k, v) in query {
         request = request.query(k, v);
     }
+    // Read whole: `into_string` refuses a body over 10 MB, and an
+    // instance's `/metrics` at 20 000 channels is more.
+    let body = |r: ureq::Response| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut r.into_reader(), &mut text).map(|_| text)
+    };
     match request.call() {
-        Ok(r) => Some((r.status(), r.into_string().ok()?)),
-        Err(ureq::Error::Status(code, r)) => Some((code, r.into_string().unwrap_or_default())),
+        Ok(r) => Some((r.status(), body(r).ok()?)),
+        Err(ureq::Error::Status(code, r)) => Some((code, body(r).unwrap_or_default())),
         Err(_) => None,
     }
 }
