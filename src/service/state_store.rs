@@ -108,14 +108,16 @@ impl StateStore {
         let mut conn = connect(&self.client)
             .await
             .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))?;
-        read_saved_many(&mut conn, groups)
+        read_saved(&mut conn, groups)
             .await
             .map_err(|e| anyhow::anyhow!("redis {}: {e}", self.url_for_logs))
     }
 }
 
-/// Every saved channel state of `groups` on `conn`, in one pipeline.
-pub(crate) async fn read_saved_many(
+/// Every saved channel state of `groups` on `conn`, in one pipeline (the
+/// service's restore and `hermes status` read them alike); an unreadable
+/// one is left out with a warning.
+pub(crate) async fn read_saved(
     conn: &mut impl redis::aio::ConnectionLike,
     groups: &[&str],
 ) -> redis::RedisResult<BTreeMap<String, SavedState>> {
@@ -128,22 +130,6 @@ pub(crate) async fn read_saved_many(
     for (group, raw) in groups.iter().zip(raw) {
         parse_saved(group, raw, &mut out);
     }
-    Ok(out)
-}
-
-/// Every saved channel state of `group` on `conn` (the service's restore
-/// and `hermes status` read them alike); an unreadable one is left out
-/// with a warning.
-pub(crate) async fn read_saved(
-    conn: &mut impl redis::aio::ConnectionLike,
-    group: &str,
-) -> redis::RedisResult<BTreeMap<String, SavedState>> {
-    let raw: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(state_key(group))
-        .query_async(conn)
-        .await?;
-    let mut out = BTreeMap::new();
-    parse_saved(group, raw, &mut out);
     Ok(out)
 }
 

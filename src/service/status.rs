@@ -275,7 +275,7 @@ impl StatusView {
         for group in groups {
             let raw: Option<String> = c.get(snapshot_key(&group)).await?;
             let snap = raw.and_then(|r| serde_json::from_str::<WeightSnapshot>(&r).ok());
-            let machines = super::state_store::read_saved(&mut c, &group).await?;
+            let machines = super::state_store::read_saved(&mut c, &[group.as_str()]).await?;
             view.add_group(&group, snap, machines);
         }
         let overrides: BTreeMap<String, String> =

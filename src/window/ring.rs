@@ -350,10 +350,10 @@ impl SliceRing {
             &mut s.real
         };
         c.count(ev, long, slow_request_ms, short_output_tokens);
-        let tokens = ev.input_tokens as u64 + ev.output_tokens_reported().unwrap_or(0) as u64;
         if !ev.is_probe {
             let class = ev.traffic_class.index();
             s.class_requests[class] += 1;
+            let tokens = ev.input_tokens as u64 + ev.output_tokens_reported().unwrap_or(0) as u64;
             let tokens = tokens.min(u32::MAX as u64) as u32;
             s.class_tokens[class] = s.class_tokens[class].saturating_add(tokens);
         }
