@@ -344,12 +344,12 @@ impl SliceRing {
             return true;
         }
         let long = ev.input_tokens >= long_input_tokens;
-        let c = if ev.is_probe {
-            &mut s.probe
+        if ev.is_probe {
+            s.probe
+                .count(ev, long, slow_request_ms, short_output_tokens);
         } else {
-            &mut s.real
-        };
-        c.count(ev, long, slow_request_ms, short_output_tokens);
+            s.real.count(ev, long, slow_request_ms, short_output_tokens);
+        }
         if !ev.is_probe {
             let class = ev.traffic_class.index();
             s.class_requests[class] += 1;

@@ -2,7 +2,7 @@
 //! batch values before they reach a digest, and the panes older slices'
 //! digests merge into.
 
-use super::counters::Counters;
+use super::counters::{Counters, ProbeCounters};
 use super::{STAGE_CAPACITY, STAGE_KINDS};
 use crate::digest;
 use crate::digest::{MergedDigest, Runs};
@@ -72,9 +72,9 @@ impl Staging {
 }
 
 /// One slice's counters. `repr(C)`: what a real (not probe) event counts
-/// comes first, [`Slice::REAL_BYTES`] of it. 192 bytes: sixty of them fit
-/// the allocator's 12 KiB size class (a quota report, which most channels
-/// never send, is kept apart: [`QuotaReport`]).
+/// comes first, [`Slice::REAL_BYTES`] of it. 160 bytes: sixty of them fit
+/// the allocator's 10 KiB size class (probe counts in `u16`; a quota
+/// report, which most channels never send, is kept apart: [`QuotaReport`]).
 #[derive(Clone)]
 #[repr(C)]
 pub(super) struct Slice {
@@ -84,7 +84,7 @@ pub(super) struct Slice {
     /// 5-second slice); the views sum them in `u64`.
     pub(super) class_requests: [u32; 4],
     pub(super) class_tokens: [u32; 4],
-    pub(super) probe: Counters,
+    pub(super) probe: ProbeCounters,
     /// Requests per traffic class the gateways did not send (demand only).
     pub(super) class_unsent: [u32; 4],
 }
@@ -95,7 +95,7 @@ impl Slice {
     pub(super) fn empty() -> Slice {
         Slice {
             real: Counters::default(),
-            probe: Counters::default(),
+            probe: ProbeCounters::default(),
             class_requests: [0; 4],
             class_tokens: [0; 4],
             class_unsent: [0; 4],

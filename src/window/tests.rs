@@ -411,3 +411,33 @@ fn class_tokens_saturate_within_a_slice_and_sum_wide_across_slices() {
     assert_eq!(view.class_tokens[class], u32::MAX as u64 + one);
     assert_eq!(view.class_requests[class], 4);
 }
+
+#[test]
+fn a_slice_is_160_bytes_so_sixty_fit_the_10_kib_size_class() {
+    assert_eq!(std::mem::size_of::<crate::window::slice::Slice>(), 160);
+    assert!(60 * std::mem::size_of::<crate::window::slice::Slice>() <= 10 * 1024);
+}
+
+#[test]
+fn probe_counts_saturate_within_a_slice_and_sum_wide_across_slices() {
+    let mut ring = SliceRing::new(cfg().ring_shape());
+    let t0 = 1_000_000_000;
+    let mut e = ev_at(t0, 100);
+    e.is_probe = true;
+    // Two slices: the first takes more probes than a `u16` holds.
+    for i in 0..u16::MAX as i64 + 10 {
+        e.event_time_ms = t0 + i % 4_000;
+        ring.record(&e);
+    }
+    for i in 0..7 {
+        e.event_time_ms = t0 + 5_000 + i;
+        ring.record(&e);
+    }
+    let view = ring.counters(t0 + 5_000, 300_000, i64::MIN / 2);
+    assert_eq!(view.probe.requests, u16::MAX as u32 + 7);
+    assert_eq!(view.probe.successes, u16::MAX as u32 + 7);
+    assert_eq!(view.real.requests, 0);
+    // The cost is not a count: it sums every probe.
+    let probes = u16::MAX as f64 + 17.0;
+    assert!((view.probe.cost - probes * e.cost).abs() < 1e-6 * probes * e.cost.max(1.0));
+}
