@@ -54,6 +54,11 @@ pub use kinds::{Admitted, ApplyError, ChannelHint, ChannelReading, EngineStats};
 
 use channel::ChannelRuntime;
 mod evaluate;
+/// Channels configured, over every group.
+fn channel_count(cfg: &Config) -> usize {
+    cfg.groups.iter().map(|g| g.channels.len()).sum()
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -134,7 +139,9 @@ impl Engine {
 
     fn build(cfg: Arc<Config>, evaluate_unseen: bool) -> Engine {
         let e = &cfg.engine;
-        let mut channels = Vec::new();
+        // Sized once: grown by doubling, tens of MB were copied at a start
+        // and up to half of it reserved for nothing.
+        let mut channels = Vec::with_capacity(channel_count(&cfg));
         let mut group_channels = vec![Vec::new(); cfg.groups.len()];
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
@@ -287,7 +294,7 @@ impl Engine {
             .into_iter()
             .map(|c| (c.cfg.id.clone(), c))
             .collect();
-        let mut channels = Vec::new();
+        let mut channels = Vec::with_capacity(channel_count(&cfg));
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
                 let mut rt = old
