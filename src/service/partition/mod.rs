@@ -410,7 +410,6 @@ impl Partition {
     }
 
     /// Evaluation ticks the engine has run (per channel evaluated).
-    #[cfg(feature = "cli")] // `hermes bench`
     pub fn evaluations(&self) -> u64 {
         self.engine.stats().evaluations
     }
