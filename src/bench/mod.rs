@@ -23,11 +23,13 @@
 //! tick lands inside one). Memory is the resident set size that the
 //! partition and the registry's gauges added, from `/proc/self/statm`
 //! (Linux; `None` elsewhere), so freed-but-kept allocator memory counts, as
-//! it does for a capacity plan.
+//! it does for a capacity plan; beside it, the live heap it added, in all
+//! and by allocation size (`heap`), says which structures hold it.
 //!
 //! The rooms: this file warms up and measures; `traffic` generates and
-//! encodes the events, `clocks` reads CPU time and memory, `scaling` splits
-//! the run over partitions and threads.
+//! encodes the events, `clocks` reads CPU time and memory, `heap` takes
+//! the allocator's census, `scaling` splits the run over partitions and
+//! threads.
 
 use crate::codec::{Decoder, Encoder, NoRegistry, WireFormat};
 use crate::config::{Config, Tier};
@@ -40,6 +42,12 @@ mod clocks;
 pub use clocks::*;
 mod traffic;
 pub use traffic::*;
+mod heap;
+pub use heap::*;
+
+/// Allocation sizes adding fewer bytes a channel are left out of
+/// [`BenchReport::heap_by_size`].
+pub const HEAP_CLASS_SHOWN: f64 = 16.0;
 
 /// Records per timed batch when looking for the longest pause.
 pub const PAUSE_BATCH: usize = 64;
@@ -117,6 +125,18 @@ pub struct BenchReport {
     /// Resident memory per configured channel of a partition that never
     /// sees its events.
     pub idle_bytes_per_channel: Option<u64>,
+    /// Live heap bytes the partition added, per channel (jemalloc's
+    /// allocated bytes): what its structures hold. `bytes_per_channel`
+    /// less this is what the resident set adds (allocator slack, huge-page
+    /// rounding) or, when negative, capacity reserved and never touched.
+    #[serde(default)]
+    pub heap_bytes_per_channel: Option<u64>,
+    /// The same by allocation size, the largest share first (sizes adding
+    /// under [`HEAP_CLASS_SHOWN`] bytes a channel left out): each
+    /// structure of a channel is an allocation of its own size, so this
+    /// says where its memory goes.
+    #[serde(default)]
+    pub heap_by_size: Vec<HeapClass>,
     /// The slowest batch of `PAUSE_BATCH` records, in ms of wall time
     /// (what a caller waits, a descheduled thread included).
     pub max_pause_ms: f64,
@@ -303,11 +323,15 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     // The partition and its metrics registry: the gauges of every channel
     // evaluated live there, and count as the channels' memory.
     let before = rss_bytes();
+    let heap_before = HeapCensus::take();
     let mut path = RequestPath::new(cfg, 0, "bench");
     warm_up(&mut path, &mut traffic, 0..warmup);
     let evaluations_before = path.evaluations();
     let t = measure(&mut path, &mut traffic, warmup..warmup + opts.seconds)?;
     let after = rss_bytes();
+    let heap = heap_before
+        .zip(HeapCensus::take())
+        .map(|(b, a)| a.since(&b, opts.channels));
     let events = t.events;
     let per_s = |d: Duration| events as f64 / d.as_secs_f64().max(1e-9);
     let events_per_s = per_s(t.apply);
@@ -336,6 +360,12 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<BenchReport> {
             .zip(after)
             .map(|(b, a)| a.saturating_sub(b) / opts.channels as u64),
         idle_bytes_per_channel: idle_bytes,
+        heap_bytes_per_channel: heap.as_ref().map(|h| h.0),
+        heap_by_size: heap.map_or_else(Vec::new, |h| {
+            h.1.into_iter()
+                .filter(|c| c.bytes_per_channel >= HEAP_CLASS_SHOWN)
+                .collect()
+        }),
         max_pause_ms: t.max_pause.as_secs_f64() * 1000.0,
         max_pause_cpu_ms: t.max_pause_cpu.map(|d| d.as_secs_f64() * 1000.0),
         evaluations: path.evaluations() - evaluations_before,
@@ -365,6 +395,20 @@ impl BenchReport {
             self.huge_page_bytes
                 .map_or("-".to_string(), |b| (b >> 20).to_string()),
         )
+    }
+
+    /// The live heap a channel added, in all and by allocation size, one
+    /// size a line; `None` without the allocator's statistics.
+    pub fn heap_lines(&self) -> Option<String> {
+        let total = self.heap_bytes_per_channel?;
+        let mut out = format!("live heap per channel: {total} B, by allocation size:");
+        for c in &self.heap_by_size {
+            out.push_str(&format!(
+                "\n{:>9} B x {:>6.2} = {:>7.0} B",
+                c.size, c.per_channel, c.bytes_per_channel
+            ));
+        }
+        Some(out)
     }
 
     pub const HEADER: &'static str =

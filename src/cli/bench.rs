@@ -86,6 +86,9 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{}\n{}", BenchReport::HEADER, report.line());
+        if let Some(heap) = report.heap_lines() {
+            println!("{heap}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
