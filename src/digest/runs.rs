@@ -5,7 +5,7 @@
 use super::{compress, compress_into, spare_centroids, Centroid, MergedDigest};
 
 /// Runs of centroids being gathered for one merged digest, with their
-/// summaries. Get one from [`gather`].
+/// counts and extremes. Get one from [`gather`].
 ///
 /// Centroids are kept as sort keys (`key`): a window stores its
 /// centroids as `f32` pairs, and one `u64` per centroid orders them exactly
@@ -24,7 +24,6 @@ pub struct Runs {
     pub(super) value_keys: Vec<u32>,
     /// A view's walk: per run, the part not yet taken.
     pub(super) walk: Vec<(usize, usize)>,
-    pub(super) sum: f64,
     pub(super) count: f64,
     pub(super) min: Option<f64>,
     pub(super) max: Option<f64>,
@@ -32,12 +31,11 @@ pub struct Runs {
 
 impl Runs {
     /// Adds the centroids of one digest of `count` values (in ascending
-    /// order, as a digest keeps them) and its summary. They are kept
+    /// order, as a digest keeps them) and its extremes. They are kept
     /// packed, as the keys merging compares: this is a copy.
-    pub fn add(&mut self, centroids: &[Packed], count: f64, sum: f64, min: f64, max: f64) {
+    pub fn add(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
         self.starts.push(self.items.len());
         self.items.extend(centroids.iter().map(|c| c.0));
-        self.sum += sum;
         self.count += count;
         self.min = Some(self.min.map_or(min, |m| m.min(min)));
         self.max = Some(self.max.map_or(max, |m| m.max(max)));
@@ -45,7 +43,8 @@ impl Runs {
 
     /// The digest of everything added, compressed to `max_size` centroids
     /// if it holds more (what `TDigest::new` returns for the concatenated
-    /// centroids and summed summaries); `None` if nothing was added.
+    /// centroids, summed counts and outer extremes); `None` if nothing was
+    /// added.
     pub(super) fn finish(&mut self, max_size: usize) -> Option<MergedDigest> {
         assert!(max_size > 0, "a digest holds at least one centroid");
         if self.items.is_empty() {
@@ -67,7 +66,6 @@ impl Runs {
         Some(MergedDigest {
             centroids,
             count: self.count,
-            sum: self.sum,
             min: self.min.expect("a run was added"),
             max: self.max.expect("a run was added"),
         })
@@ -165,7 +163,6 @@ impl Runs {
             _ => (first, last),
         };
         let count = self.count + self.values.len() as f64;
-        let sum = self.sum + self.values.iter().sum::<f64>();
         // `TDigest::compress_sorted`: the centroids and the values in one
         // ascending stream (a centroid first only when strictly less).
         let (centroids, values) = (&self.decoded, &self.values);
@@ -189,7 +186,6 @@ impl Runs {
         Some(MergedDigest {
             centroids: compressed,
             count,
-            sum,
             min,
             max,
         })
@@ -198,7 +194,6 @@ impl Runs {
     pub(super) fn clear(&mut self) {
         self.items.clear();
         self.starts.clear();
-        self.sum = 0.0;
         self.count = 0.0;
         self.min = None;
         self.max = None;

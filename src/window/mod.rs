@@ -33,10 +33,10 @@
 //!
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
-//! events go to another partition costs about 3 KB, its engine state).
-//! Then 60 slices of counters (192 B each; 16 B more a slice once the channel
+//! events go to another partition costs about 2.8 KB, its engine state).
+//! Then 60 slices of counters (160 B each; 16 B more a slice once the channel
 //! reports its quota), the short view's 12 slices of
-//! digests (~140 B of summaries and up to `slice_tdigest_size` centroids per
+//! digests (96 B of counts and extremes and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
 //! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64
 //! staged `f32`. With the defaults a channel at 20 events/s holds about 12 KB of

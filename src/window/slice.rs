@@ -126,7 +126,8 @@ impl QuotaReport {
 
 /// A slice's five t-digests in one allocation: centroids as `f32` pairs
 /// (mean, weight, packed as their sort key: [`digest::Packed`]) back to
-/// back, kind after kind, with each kind's summary.
+/// back, kind after kind, with each kind's count and extremes (96 bytes
+/// before the centroids; no sum, which only a mean would read).
 /// A `tdigest::TDigest` is 104 bytes before its first centroid and holds
 /// 16 bytes per centroid; five of them in each of 60 slices made most of a
 /// channel's memory. Latencies and token counts are integers well inside
@@ -137,7 +138,6 @@ pub(super) struct SliceDigests {
     /// Where each kind's centroids end in `centroids`.
     pub(super) ends: [u16; 5],
     pub(super) count: [u32; 5],
-    pub(super) sum: [f64; 5],
     pub(super) min: [f32; 5],
     pub(super) max: [f32; 5],
 }
@@ -178,7 +178,6 @@ impl SliceDigests {
         runs.add(
             &self.centroids[self.range(k)],
             self.count[k] as f64,
-            self.sum[k],
             self.min[k] as f64,
             self.max[k] as f64,
         );
@@ -218,7 +217,6 @@ impl SliceDigests {
             *end = (*end as usize + new - old) as u16;
         }
         self.count[k] = d.count() as u32;
-        self.sum[k] = d.sum();
         self.min[k] = d.min() as f32;
         self.max[k] = d.max() as f32;
     }
