@@ -47,7 +47,8 @@ pub(super) struct ChannelRuntime {
     pub(super) score_high: Option<f64>,
     /// AT_RISK only: the score with the failure rate read over the whole
     /// episode (see `signals::bad_outcome_rate_episode`).
-    pub(super) score_episode: Option<Score>,
+    /// Boxed: a `Score` is 280 bytes and only AT_RISK channels have one.
+    pub(super) score_episode: Option<Box<Score>>,
     pub(super) signals: Signals,
     pub(super) next_baseline_ms: Option<i64>,
     /// The median latency last read (`engine.latency_median_interval_ms`)
@@ -164,8 +165,8 @@ impl ChannelRuntime {
     /// AT_RISK channel the episode's when that is worse (see
     /// `signals::bad_outcome_rate_episode`).
     pub(super) fn judged_score(&self) -> Option<Score> {
-        match (self.score, self.score_episode) {
-            (Some(w), Some(e)) if e.value > w.value => Some(e),
+        match (self.score, self.score_episode.as_deref()) {
+            (Some(w), Some(e)) if e.value > w.value => Some(*e),
             (w, _) => w,
         }
     }
