@@ -39,7 +39,7 @@
 //! digests (96 B of counts and extremes and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
 //! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64
-//! staged `f32`. With the defaults a channel at 20 events/s holds about 12 KB of
+//! staged `f32`. With the defaults a channel at 20 events/s holds about 10 KB of
 //! counters and 20 KB of digests; `hermes bench` measures what a channel
 //! really holds, duplicate detection included. The outcome window is
 //! `outcome_window` bytes, the baseline 16 B per point.
