@@ -275,12 +275,15 @@ impl RequestContext {
             out.push(assigned);
         }
         // The broker's answers (committed offsets, the window by time, high
-        // watermarks) hold the rebalance up for this long.
-        tracing::info!(
-            ?partitions,
-            took_ms = asked_at.elapsed().as_millis() as u64,
-            "assignment planned"
-        );
+        // watermarks) hold the rebalance up for this long. A rebalance that
+        // gives this loop nothing (a broker's storm of them after a join
+        // sends a member dozens a minute) is logged at debug.
+        let took_ms = asked_at.elapsed().as_millis() as u64;
+        if partitions.is_empty() {
+            tracing::debug!(took_ms, "assignment planned: nothing new for this loop");
+        } else {
+            tracing::info!(?partitions, took_ms, "assignment planned");
+        }
         out
     }
 
