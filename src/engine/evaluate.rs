@@ -149,17 +149,10 @@ pub(super) fn measure_channel(engine: &mut Engine, idx: usize, now: i64) {
         true => ch.bounds(&horizons, now),
         false => (None, None),
     };
-    ch.score_episode = match voted.then(|| ch.episode_score(&horizons, now)).flatten() {
-        // Kept in the box it had while the episode lasts.
-        Some(e) => match ch.score_episode.take() {
-            Some(mut b) => {
-                *b = e;
-                Some(b)
-            }
-            None => Some(Box::new(e)),
-        },
-        None => None,
-    };
+    ch.score_episode = voted
+        .then(|| ch.episode_score(&horizons, now))
+        .flatten()
+        .map(Box::new);
     ch.learn_baseline(now, short_ms);
 }
 

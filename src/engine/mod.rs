@@ -54,11 +54,6 @@ pub use kinds::{Admitted, ApplyError, ChannelHint, ChannelReading, EngineStats};
 
 use channel::ChannelRuntime;
 mod evaluate;
-/// Channels configured, over every group.
-fn channel_count(cfg: &Config) -> usize {
-    cfg.groups.iter().map(|g| g.channels.len()).sum()
-}
-
 #[cfg(test)]
 mod tests;
 
@@ -563,4 +558,9 @@ impl Engine {
     pub fn take_touched(&mut self) -> Vec<ChannelIdx> {
         evaluate::take_touched(self)
     }
+}
+
+/// Channels configured, over every group.
+fn channel_count(cfg: &Config) -> usize {
+    cfg.groups.iter().map(|g| g.channels.len()).sum()
 }

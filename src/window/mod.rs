@@ -33,7 +33,7 @@
 //!
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
-//! events go to another partition costs about 2.8 KB, its engine state).
+//! events go to another partition costs about 2.3 KB, its engine state).
 //! Then 60 slices of counters (160 B each; 16 B more a slice once the channel
 //! reports its quota), the short view's 12 slices of
 //! digests (96 B of counts and extremes and up to `slice_tdigest_size` centroids per

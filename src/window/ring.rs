@@ -349,8 +349,6 @@ impl SliceRing {
                 .count(ev, long, slow_request_ms, short_output_tokens);
         } else {
             s.real.count(ev, long, slow_request_ms, short_output_tokens);
-        }
-        if !ev.is_probe {
             let class = ev.traffic_class.index();
             s.class_requests[class] += 1;
             let tokens = ev.input_tokens as u64 + ev.output_tokens_reported().unwrap_or(0) as u64;
