@@ -34,8 +34,8 @@
 //! # Memory per channel
 //! Nothing until the channel's first event (a configured channel whose
 //! events go to another partition costs about 2.3 KB, its engine state).
-//! Then 60 slices of counters (160 B each; 16 B more a slice once the channel
-//! reports its quota), the short view's 12 slices of
+//! Then 60 slices of counters (168 B each with the slice number; 16 B more
+//! a slice once the channel reports its quota), the short view's 12 slices of
 //! digests (96 B of counts and extremes and up to `slice_tdigest_size` centroids per
 //! kind, 8 B a centroid: `f32` mean and weight, see `SliceDigests`), about
 //! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64

@@ -3,7 +3,7 @@
 //! kind and drained in batches), panes split off the newest slice, and
 //! slices retired as event time moves on.
 
-use super::slice::{Pane, QuotaReport, Slice, SliceDigests, Staging};
+use super::slice::{Fine, Pane, QuotaReport, Slice, SliceDigests, Staging};
 use super::{
     Digest, ViewCounters, STAGE_KINDS, STAGE_LONG, STAGE_OUTPUT, STAGE_PROBE, STAGE_SHORT,
     STAGE_TTFB,
@@ -37,15 +37,12 @@ pub struct SliceRing {
     staged: [Staging; 2],
     cur: usize,
     slice_ms: i64,
-    /// Empty until the first event, then `len` slots.
+    /// Empty until the first event, then `len` slots, each with the slice
+    /// number it holds (in the cache line an event adds to).
     slices: Vec<Slice>,
     /// Each slot's last quota report: empty until the channel's first
     /// report, then `len` slots (most channels never report one).
     quotas: Box<[QuotaReport]>,
-    /// The slice number each slot holds (`i64::MIN`: never used). Kept apart
-    /// from the slices so that the per-tick range scans touch one compact
-    /// array, not a cache line per slot.
-    indices: Vec<i64>,
     long_input_tokens: i32,
     short_output_tokens: i32,
     slow_request_ms: i32,
@@ -54,18 +51,17 @@ pub struct SliceRing {
     /// Compression of slice digests.
     slice_size: usize,
     /// The digests of the slices still in the short view: slice `s` in
-    /// slot `s % short_slices` (`fine_indices` says which slice a slot
-    /// holds). A slice leaving the short view is merged into its pane.
-    fine: Vec<SliceDigests>,
-    fine_indices: Vec<i64>,
+    /// slot `s % short_slices`. A slice leaving the short view is merged
+    /// into its pane.
+    fine: Vec<Fine>,
     /// Digests of the older slices, a pane per `pane_slices` aligned
     /// slices (split at `split`), oldest first.
     panes: std::collections::VecDeque<Pane>,
-    /// Buffers for the next panes: reserved at the first event (one per
-    /// pane the ring holds, each the size of a pane's digests), then those
-    /// of the panes that left the ring. A pane made later takes one
-    /// instead of growing its own (see [`SliceRing::most_panes`]).
-    spare: Vec<SliceDigests>,
+    /// Centroid buffers for the next panes: reserved at the first event
+    /// (one per pane the ring holds, each the size of a pane's digests),
+    /// then those of the panes that left the ring. A pane made later takes
+    /// one instead of growing its own (see [`SliceRing::most_panes`]).
+    spare: Vec<Vec<digest::Packed>>,
     /// Every slice up to this one has been moved out of `fine`.
     moved_through: i64,
     /// The first slice of the latest probation (`i64::MIN`: none): no pane
@@ -105,9 +101,7 @@ impl SliceRing {
             // channel whose events never come here costs next to nothing.
             slices: Vec::new(),
             quotas: Box::default(),
-            indices: Vec::new(),
             fine: Vec::new(),
-            fine_indices: Vec::new(),
             panes: Default::default(),
             spare: Vec::new(),
             moved_through: i64::MIN,
@@ -177,8 +171,8 @@ impl SliceRing {
     pub fn counters(&self, now_ms: i64, window_ms: i64, not_before_ms: i64) -> ViewCounters {
         let (first, last) = self.range(now_ms, window_ms, not_before_ms);
         let mut out = ViewCounters::default();
-        for (s, &index) in self.slices.iter().zip(&self.indices) {
-            if index >= first && index <= last {
+        for s in &self.slices {
+            if s.index >= first && s.index <= last {
                 out.real.add(&s.real);
                 out.probe.add(&s.probe);
                 for i in 0..4 {
@@ -216,9 +210,8 @@ impl SliceRing {
         let fine = self
             .fine
             .iter()
-            .zip(&self.fine_indices)
-            .filter(|(_, &index)| index >= first && index <= last)
-            .map(|(d, _)| d);
+            .filter(|f| f.index >= first && f.index <= last)
+            .map(|f| &f.digests);
         let panes = self
             .panes
             .iter()
@@ -248,8 +241,8 @@ impl SliceRing {
         let (first, last) = self.range(now_ms, window_ms, i64::MIN / 2);
         let mut oldest: Option<(i64, i64)> = None;
         let mut newest: Option<(i64, i64)> = None;
-        for (r, &index) in self.quotas.iter().zip(&self.indices) {
-            if index < first || index > last {
+        for (r, s) in self.quotas.iter().zip(&self.slices) {
+            if s.index < first || s.index > last {
                 continue;
             }
             if let Some(q) = r.get() {
@@ -276,14 +269,12 @@ impl SliceRing {
             // Off the hot path (a new slice); the first event of all lands
             // here too, since `last` starts matching nothing.
             if self.slices.is_empty() {
-                self.slices = vec![Slice::empty(); self.len];
-                self.indices = vec![i64::MIN; self.len];
-                self.fine = vec![SliceDigests::default(); self.short_slices];
-                self.fine_indices = vec![i64::MIN; self.short_slices];
+                self.slices = vec![Slice::empty(i64::MIN); self.len];
+                self.fine = vec![Fine::default(); self.short_slices];
                 self.panes = std::collections::VecDeque::with_capacity(self.most_panes());
                 let pane = STAGE_KINDS * self.pane_size;
                 self.spare = (0..self.live_panes())
-                    .map(|_| SliceDigests::with_capacity(pane))
+                    .map(|_| Vec::with_capacity(pane))
                     .collect();
             }
             let index = self.slice_of(t);
@@ -311,15 +302,15 @@ impl SliceRing {
             };
             (index, slot)
         };
-        if self.indices[slot] != index {
-            if self.indices[slot] > index {
+        let held = self.slices[slot].index;
+        if held != index {
+            if held > index {
                 return None;
             }
-            self.slices[slot] = Slice::empty();
+            self.slices[slot] = Slice::empty(index);
             if let Some(q) = self.quotas.get_mut(slot) {
                 *q = QuotaReport::NONE;
             }
-            self.indices[slot] = index;
         }
         Some(slot)
     }
@@ -392,7 +383,6 @@ impl SliceRing {
         } else {
             crate::prefetch::lines(slice as *const Slice, Slice::REAL_BYTES);
         }
-        crate::prefetch::value(&self.indices[slot]);
         for k in self.stage_targets(ev).into_iter().flatten() {
             crate::prefetch::lines(self.staged[self.cur].next_slot(k), 4);
         }
@@ -442,7 +432,7 @@ impl SliceRing {
             return;
         }
         let mut staged = std::mem::take(&mut self.staged[b]);
-        let live = index != i64::MIN && self.indices[slot] == index;
+        let live = index != i64::MIN && self.slices[slot].index == index;
         if let Some((digests, size)) = live.then(|| self.digests_of(index)).flatten() {
             for k in 0..STAGE_KINDS {
                 let values = staged.kind(k);
@@ -464,16 +454,16 @@ impl SliceRing {
     /// or, once it has left the short view, its pane (made if it has none).
     pub(super) fn digests_of(&mut self, index: i64) -> Option<(&mut SliceDigests, usize)> {
         if index > self.moved_through {
-            let f = index.rem_euclid(self.short_slices as i64) as usize;
-            if self.fine_indices[f] != index {
-                if self.fine_indices[f] > index {
+            let fine = &mut self.fine[index.rem_euclid(self.short_slices as i64) as usize];
+            if fine.index != index {
+                if fine.index > index {
                     return None;
                 }
-                debug_assert!(self.fine_indices[f] <= self.moved_through);
-                self.fine[f].clear();
-                self.fine_indices[f] = index;
+                debug_assert!(fine.index <= self.moved_through);
+                fine.digests.clear();
+                fine.index = index;
             }
-            return Some((&mut self.fine[f], self.slice_size));
+            return Some((&mut fine.digests, self.slice_size));
         }
         let i = self.pane_for(index);
         Some((self.panes[i].hold(index), self.pane_size))
@@ -504,7 +494,7 @@ impl SliceRing {
                         lo,
                         hi,
                         held: (i64::MAX, i64::MIN),
-                        digests: self.spare.pop().unwrap_or_default(),
+                        digests: SliceDigests::in_buffer(self.spare.pop().unwrap_or_default()),
                     },
                 );
                 i
@@ -525,22 +515,22 @@ impl SliceRing {
         // Oldest first; a slot keeps its buffer for the slice that takes
         // it next (`digests_of`) while the channel has newer slices.
         while let Some((index, f)) = (0..self.fine.len())
-            .filter(|&f| self.fine_indices[f] != i64::MIN && self.fine_indices[f] <= through)
-            .map(|f| (self.fine_indices[f], f))
+            .filter(|&f| self.fine[f].index != i64::MIN && self.fine[f].index <= through)
+            .map(|f| (self.fine[f].index, f))
             .min()
         {
-            self.fine_indices[f] = i64::MIN;
-            if (0..5).all(|k| self.fine[f].is_empty(k)) {
+            self.fine[f].index = i64::MIN;
+            if (0..5).all(|k| self.fine[f].digests.is_empty(k)) {
                 continue;
             }
             let i = self.pane_for(index);
             self.panes[i]
                 .hold(index)
-                .merge_from(&self.fine[f], self.pane_size);
+                .merge_from(&self.fine[f].digests, self.pane_size);
             if busy {
-                self.fine[f].clear();
+                self.fine[f].digests.clear();
             } else {
-                self.fine[f] = SliceDigests::default();
+                self.fine[f].digests = SliceDigests::default();
             }
         }
         if !busy {
@@ -549,13 +539,12 @@ impl SliceRing {
         self.moved_through = through;
         let oldest = through + self.short_slices as i64 - self.len as i64 + 1;
         while self.panes.front().is_some_and(|p| p.held.1 < oldest) {
-            let Some(mut gone) = self.panes.pop_front() else {
+            let Some(gone) = self.panes.pop_front() else {
                 break;
             };
             // Kept for the pane made next.
             if busy && self.spare.len() < self.live_panes() {
-                gone.digests.clear();
-                self.spare.push(gone.digests);
+                self.spare.push(gone.digests.centroids);
             }
         }
     }

@@ -71,13 +71,17 @@ impl Staging {
     }
 }
 
-/// One slice's counters. `repr(C)`: what a real (not probe) event counts
-/// comes first, [`Slice::REAL_BYTES`] of it. 160 bytes: sixty of them fit
-/// the allocator's 10 KiB size class (probe counts in `u16`; a quota
-/// report, which most channels never send, is kept apart: [`QuotaReport`]).
+/// One slice's number and counters. `repr(C)`: the number and what a real
+/// (not probe) event counts come first, [`Slice::REAL_BYTES`] of it: the
+/// number, which every event checks, shares a cache line with what it adds
+/// to. 168 bytes: sixty of them fit the allocator's 10 KiB size class
+/// (probe counts in `u16`; a quota report, which most channels never
+/// send, is kept apart: [`QuotaReport`]).
 #[derive(Clone)]
 #[repr(C)]
 pub(super) struct Slice {
+    /// The slice number the slot holds (`i64::MIN`: never used).
+    pub(super) index: i64,
     pub(super) real: Counters,
     /// Real requests and tokens per traffic class (scheduler demand).
     /// Tokens saturate at `u32::MAX` a slice (some 800 M a second for a
@@ -92,8 +96,10 @@ pub(super) struct Slice {
 impl Slice {
     pub(super) const REAL_BYTES: usize = std::mem::offset_of!(Slice, probe);
 
-    pub(super) fn empty() -> Slice {
+    /// Slice `index`, holding nothing yet.
+    pub(super) fn empty(index: i64) -> Slice {
         Slice {
+            index,
             real: Counters::default(),
             probe: ProbeCounters::default(),
             class_requests: [0; 4],
@@ -152,22 +158,18 @@ impl SliceDigests {
         self.count[k] == 0
     }
 
-    /// Empty, with room for `centroids` centroids.
-    pub(super) fn with_capacity(centroids: usize) -> SliceDigests {
+    /// Empty, holding its centroids in `buffer` (a spare pane's).
+    pub(super) fn in_buffer(mut buffer: Vec<digest::Packed>) -> SliceDigests {
+        buffer.clear();
         SliceDigests {
-            centroids: Vec::with_capacity(centroids),
+            centroids: buffer,
             ..SliceDigests::default()
         }
     }
 
     /// Holds nothing again, keeping its buffer (a fine slot's next slice).
     pub(super) fn clear(&mut self) {
-        let mut centroids = std::mem::take(&mut self.centroids);
-        centroids.clear();
-        *self = SliceDigests {
-            centroids,
-            ..SliceDigests::default()
-        };
+        *self = SliceDigests::in_buffer(std::mem::take(&mut self.centroids));
     }
 
     /// Adds kind `k` (if it holds values) to a merged digest's runs.
@@ -219,6 +221,23 @@ impl SliceDigests {
         self.count[k] = d.count() as u32;
         self.min[k] = d.min() as f32;
         self.max[k] = d.max() as f32;
+    }
+}
+
+/// A fine slot: the digests of slice `index` (`i64::MIN`: none), one of
+/// the short view's.
+#[derive(Clone)]
+pub(super) struct Fine {
+    pub(super) index: i64,
+    pub(super) digests: SliceDigests,
+}
+
+impl Default for Fine {
+    fn default() -> Fine {
+        Fine {
+            index: i64::MIN,
+            digests: SliceDigests::default(),
+        }
     }
 }
 

@@ -97,7 +97,7 @@ fn slices_leaving_the_short_view_are_merged_into_panes() {
     // Only the short view is kept per slice; the rest is in panes of a
     // minute (aligned, so the 4 minutes before the short view and a
     // part of a fifth).
-    let kept = ring.fine_indices.iter().filter(|i| **i != i64::MIN).count();
+    let kept = ring.fine.iter().filter(|f| f.index != i64::MIN).count();
     assert_eq!(kept, c.short_slices());
     assert!(ring.panes.len() <= 5, "{} panes", ring.panes.len());
     for w in ring.panes.iter().collect::<Vec<_>>().windows(2) {
@@ -142,8 +142,7 @@ fn the_panes_never_grow_after_a_channels_first_event() {
     ring.record(&ev_at(t0, 100));
     let reserved = ring.panes.capacity();
     assert!(reserved >= ring.most_panes(), "{reserved}");
-    let buffers: Vec<*const digest::Packed> =
-        ring.spare.iter().map(|d| d.centroids.as_ptr()).collect();
+    let buffers: Vec<*const digest::Packed> = ring.spare.iter().map(|b| b.as_ptr()).collect();
     assert_eq!(buffers.len(), ring.live_panes());
     let mut most = 0;
     for i in 1..(15 * 60 * 4) {
@@ -275,9 +274,12 @@ fn events_back_and_forth_across_a_boundary_stage_as_in_order() {
         assert_eq!(d.map(|d| d.count()), Some(400.0));
     }
     let fine = |r: &SliceRing| {
-        let mut held: Vec<_> = (r.fine_indices.iter().zip(&r.fine))
-            .filter(|(i, _)| **i != i64::MIN)
-            .map(|(i, d)| (*i, d.centroids.clone(), d.count, d.min, d.max))
+        let mut held: Vec<_> = (r.fine.iter())
+            .filter(|f| f.index != i64::MIN)
+            .map(|f| {
+                let d = &f.digests;
+                (f.index, d.centroids.clone(), d.count, d.min, d.max)
+            })
             .collect();
         held.sort_by_key(|h| h.0);
         held
@@ -413,12 +415,21 @@ fn class_tokens_saturate_within_a_slice_and_sum_wide_across_slices() {
 }
 
 #[test]
-fn a_slice_is_160_bytes_so_sixty_fit_the_10_kib_size_class() {
-    assert_eq!(std::mem::size_of::<crate::window::slice::Slice>(), 160);
-    assert!(60 * std::mem::size_of::<crate::window::slice::Slice>() <= 10 * 1024);
+fn a_slice_is_168_bytes_so_sixty_fit_the_10_kib_size_class() {
+    use crate::window::slice::{Fine, Pane, Slice};
+    use std::mem::size_of;
+    assert_eq!(size_of::<Slice>(), 168);
+    assert!(60 * size_of::<Slice>() <= 10 * 1024);
+    // The slice number is in the line an event's counts go to.
+    assert_eq!(std::mem::offset_of!(Slice, index), 0);
+    assert!(std::mem::offset_of!(Slice, real) + 8 <= 64);
     // And a slice's digests, before their centroids: a ring keeps twelve
-    // in one allocation (1 152 B, jemalloc's 1 280 B class).
-    assert_eq!(std::mem::size_of::<SliceDigests>(), 96);
+    // fine slots in one allocation (1 248 B, jemalloc's 1 280 B class),
+    // and room for eight panes (1 024 B, the 1 024 B class).
+    assert_eq!(size_of::<SliceDigests>(), 96);
+    assert_eq!(size_of::<Fine>(), 104);
+    assert!(12 * size_of::<Fine>() <= 1280);
+    assert_eq!(size_of::<Pane>(), 128);
 }
 
 #[test]
