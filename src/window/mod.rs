@@ -41,8 +41,9 @@
 //! five panes of `pane_tdigest_size` centroids per kind, and 2 × 5 × 64
 //! staged `f32`. With the defaults a channel at 20 events/s holds about 10 KB of
 //! counters and 20 KB of digests; `hermes bench` measures what a channel
-//! really holds, duplicate detection included. The outcome window is
-//! `outcome_window` bytes, the baseline 16 B per point.
+//! really holds, duplicate detection included. The outcome window is a
+//! bit an outcome, in the channel's entry up to 128 (`outcome_window`,
+//! default 100), the baseline 16 B per point.
 //!
 //! `ring` is a channel's ring: its shape, how an event is recorded into its
 //! slice (staging, panes, retiring slices) and its views.

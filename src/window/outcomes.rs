@@ -11,42 +11,87 @@ use crate::event::ErrorClass;
 /// a 2 % bad-answer day twice.
 #[derive(Debug, Clone)]
 pub struct OutcomeWindow {
-    outcomes: Vec<bool>,
-    next: usize,
-    len: usize,
+    /// A bit an outcome (set: a hard failure), a ring of `capacity`: in
+    /// `inline` up to [`OutcomeWindow::INLINE`] outcomes (the default
+    /// `engine.outcome_window` is 100), so recording one writes into the
+    /// channel's entry, not a line of memory of its own; in `spill` beyond.
+    inline: [u64; 2],
+    spill: Box<[u64]>,
+    capacity: u32,
+    next: u32,
+    len: u32,
     failures: u32,
 }
 
 impl OutcomeWindow {
+    /// The most outcomes kept without an allocation.
+    pub const INLINE: u32 = 128;
+
     pub fn new(capacity: u32) -> OutcomeWindow {
+        let capacity = capacity.max(1);
+        let spill = if capacity > OutcomeWindow::INLINE {
+            vec![0; capacity.div_ceil(64) as usize].into_boxed_slice()
+        } else {
+            Box::default()
+        };
         OutcomeWindow {
-            outcomes: vec![false; capacity.max(1) as usize],
+            inline: [0; 2],
+            spill,
+            capacity,
             next: 0,
             len: 0,
             failures: 0,
         }
     }
 
-    /// Hints the entry [`OutcomeWindow::record`] writes next.
+    #[cfg(test)]
+    fn words(&self) -> &[u64] {
+        if self.spill.is_empty() {
+            &self.inline
+        } else {
+            &self.spill
+        }
+    }
+
+    /// Hints the word [`OutcomeWindow::record`] writes next, when it is not
+    /// in the window itself.
     pub fn prefetch(&self) {
-        if let Some(o) = self.outcomes.get(self.next) {
-            crate::prefetch::value(o);
+        if let Some(w) = self.spill.get(self.next as usize / 64) {
+            crate::prefetch::value(w);
         }
     }
 
     pub fn record(&mut self, failed: bool) {
-        if self.len == self.outcomes.len() {
-            self.failures -= self.outcomes[self.next] as u32;
+        let (word, bit) = (self.next as usize / 64, self.next % 64);
+        let words: &mut [u64] = if self.spill.is_empty() {
+            &mut self.inline
+        } else {
+            &mut self.spill
+        };
+        if self.len == self.capacity {
+            self.failures -= ((words[word] >> bit) & 1) as u32;
         } else {
             self.len += 1;
         }
-        self.outcomes[self.next] = failed;
+        words[word] = words[word] & !(1 << bit) | (failed as u64) << bit;
         self.failures += failed as u32;
-        self.next = (self.next + 1) % self.outcomes.len();
+        self.next = if self.next + 1 == self.capacity {
+            0
+        } else {
+            self.next + 1
+        };
+    }
+
+    /// Whether the outcome `back` places before the newest was a failure
+    /// (`back` < `len`).
+    #[cfg(test)]
+    fn failed(&self, back: u32) -> bool {
+        let i = (self.next + self.capacity - 1 - back) % self.capacity;
+        (self.words()[i as usize / 64] >> (i % 64)) & 1 == 1
     }
 
     pub fn len(&self) -> u32 {
-        self.len as u32
+        self.len
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -138,5 +183,44 @@ impl Baseline {
     /// Median of the remembered output-token medians.
     pub fn output_median(&self, min_points: u32) -> Option<f64> {
         self.median_of(|p| p.1, min_points)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutcomeWindow;
+    use std::collections::VecDeque;
+
+    /// Against a plain queue of the last N outcomes: inline, at the edges
+    /// of a word and of the inline words, and spilled.
+    #[test]
+    fn the_bits_are_the_last_n_outcomes_at_any_capacity() {
+        for capacity in [1, 2, 63, 64, 65, 100, 127, 128, 129, 200, 1_000] {
+            let mut w = OutcomeWindow::new(capacity);
+            assert_eq!(w.spill.is_empty(), capacity <= OutcomeWindow::INLINE);
+            let mut model = VecDeque::new();
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ capacity as u64;
+            for _ in 0..3 * capacity + 17 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let failed = x % 3 == 0;
+                w.record(failed);
+                model.push_back(failed);
+                if model.len() > capacity as usize {
+                    model.pop_front();
+                }
+                assert_eq!(w.len() as usize, model.len());
+                let failures = model.iter().filter(|f| **f).count() as u32;
+                assert_eq!(w.failures(), failures, "capacity {capacity}");
+            }
+            for (back, &failed) in model.iter().rev().enumerate() {
+                assert_eq!(
+                    w.failed(back as u32),
+                    failed,
+                    "capacity {capacity}, {back} back"
+                );
+            }
+        }
     }
 }
