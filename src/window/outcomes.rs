@@ -204,7 +204,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let failed = x % 3 == 0;
+                let failed = x.is_multiple_of(3);
                 w.record(failed);
                 model.push_back(failed);
                 if model.len() > capacity as usize {
