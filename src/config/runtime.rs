@@ -293,7 +293,7 @@ pub struct ServiceConfig {
     /// Duplicate event ids are ignored within this much event time. At
     /// least `engine.allowed_lateness_ms`: a copy older than that behind
     /// the newest event is refused as too late anyway, so remembering ids
-    /// longer only costs memory (10–12.6 bytes an event held); the default
+    /// longer only costs memory (10–11 bytes an event held); the default
     /// is twice the default lateness, a margin for traffic the engine
     /// refuses moving the partition's newest event time ahead of what it
     /// admitted.
