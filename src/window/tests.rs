@@ -420,9 +420,12 @@ fn a_slice_is_168_bytes_so_sixty_fit_the_10_kib_size_class() {
     use std::mem::size_of;
     assert_eq!(size_of::<Slice>(), 168);
     assert!(60 * size_of::<Slice>() <= 10 * 1024);
-    // The slice number is in the line an event's counts go to.
+    // The slice number is in the line an event's counts go to, and what
+    // a real event writes (the number, its counters, the class counts) is
+    // the first 112 bytes: two lines when the slot starts on one, three
+    // when it does not, and the request path hints them all.
     assert_eq!(std::mem::offset_of!(Slice, index), 0);
-    assert!(std::mem::offset_of!(Slice, real) + 8 <= 64);
+    assert_eq!(Slice::REAL_BYTES, 112);
     // And a slice's digests, before their centroids: a ring keeps twelve
     // fine slots in one allocation (1 248 B, jemalloc's 1 280 B class),
     // and room for eight panes (1 024 B, the 1 024 B class).
