@@ -288,12 +288,25 @@ impl ChannelRuntime {
     }
 
     /// Hints the lines of the entry that admitting and recording an event
-    /// read: the fields before the ring and the ring's own hot fields.
+    /// read: the fields before the ring and the ring's own hot fields. It
+    /// reads nothing of the entry: a read here would wait for the very
+    /// lines it hints (what is reached through them is hinted by
+    /// [`ChannelRuntime::prefetch_windows`], a step later).
     #[inline]
     pub(super) fn prefetch_hot(&self) {
         let bytes = std::mem::offset_of!(ChannelRuntime, ring) + SliceRing::HOT_BYTES;
         crate::prefetch::lines(self as *const ChannelRuntime, bytes);
+    }
+
+    /// Hints what admitting and recording `ev` reaches through the entry
+    /// (its slice, staging buffers, outcome window and, for a long group
+    /// id, its heap block), once [`ChannelRuntime::prefetch_hot`] had time
+    /// to load the entry.
+    #[inline]
+    pub(super) fn prefetch_windows(&self, ev: &RequestEvent<'_>) {
         self.group_id.prefetch_heap();
+        self.ring.prefetch(ev);
+        self.outcomes.prefetch();
     }
 
     /// Records an admitted event in its channel's windows, outcomes and

@@ -471,15 +471,14 @@ impl Engine {
     }
 
     /// Hints what applying `ev` reads through its channel's entry: its
-    /// slice, staging buffers and outcome window. The second
-    /// step, once [`Engine::prefetch_entry`] had time to load the entry.
+    /// slice, staging buffers, outcome window and a long group id's heap
+    /// block. The third step, once [`Engine::prefetch_entry`] had time to
+    /// load the entry.
     pub fn prefetch_windows(&self, ev: &RequestEvent<'_>, hint: Option<ChannelHint>) {
         let Some(idx) = admit::channel_of(self, ev, hint) else {
             return;
         };
-        let ch = &self.channels[idx as usize];
-        ch.ring.prefetch(ev);
-        ch.outcomes.prefetch();
+        self.channels[idx as usize].prefetch_windows(ev);
     }
 
     /// Applies one event of a recording or a simulation: an event stamped
