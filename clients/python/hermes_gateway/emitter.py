@@ -48,6 +48,10 @@ class EventEmitter:
         self.sent = 0
         self.dropped = 0
         self.expired = 0
+        # Events handed to the producer and not yet delivered or expired.
+        # `len(producer)` is not it: it counts the producer's protocol
+        # requests waiting for a broker too.
+        self._in_producer = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._schema_text = load_schema()
@@ -104,7 +108,7 @@ class EventEmitter:
                 "sent": self.sent,
                 "dropped": self.dropped,
                 "expired": self.expired,
-                "queued": len(self._producer) + len(self._pending),
+                "queued": self._in_producer + len(self._pending),
             }
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -125,6 +129,9 @@ class EventEmitter:
 
     def _produce(self, event: dict) -> bool:
         value = self._encode(event)
+        # Counted before `produce`: its delivery report may come first.
+        with self._lock:
+            self._in_producer += 1
         try:
             self._producer.produce(
                 self.topic,
@@ -134,17 +141,20 @@ class EventEmitter:
             )
         except BufferError:
             with self._lock:
+                self._in_producer -= 1
                 self.dropped += 1
             return False
         except KafkaException as e:
             log.warning("hermes event not queued: %s", e)
             with self._lock:
+                self._in_producer -= 1
                 self.dropped += 1
             return False
         return True
 
     def _delivered(self, err, _msg) -> None:
         with self._lock:
+            self._in_producer -= 1
             if err is None:
                 self.sent += 1
             else:
