@@ -49,8 +49,9 @@ class EventEmitter:
         self.dropped = 0
         self.expired = 0
         # Events handed to the producer and not yet delivered or expired.
-        # `len(producer)` is not it: it counts the producer's protocol
-        # requests waiting for a broker too.
+        # `len(producer)` is not it: librdkafka's out-queue length also
+        # counts callbacks waiting for `poll` (an `error_cb` per refused
+        # connect) and requests waiting for a broker.
         self._in_producer = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
