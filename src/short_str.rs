@@ -58,8 +58,26 @@ impl ShortStr {
 }
 
 impl PartialEq<str> for ShortStr {
+    /// An inline string is compared as its whole zero-padded buffer, a
+    /// fixed-size compare of the bytes it sits in. `<[u8]>::eq` of the
+    /// `len` bytes calls `memcmp`, whose wide masked load reads past
+    /// them: for an id in the second half of a cache line (every other
+    /// `id_table` slot) that is the next line, which no hint loaded, and
+    /// the request path waited on it at every such lookup.
+    #[inline]
     fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
+        match self {
+            ShortStr::Inline { len, bytes } => {
+                let other = other.as_bytes();
+                if other.len() != *len as usize {
+                    return false;
+                }
+                let mut padded = [0u8; INLINE];
+                padded[..other.len()].copy_from_slice(other);
+                *bytes == padded
+            }
+            ShortStr::Heap(s) => **s == *other,
+        }
     }
 }
 
@@ -95,5 +113,25 @@ mod tests {
             );
         }
         assert_eq!(std::mem::size_of::<ShortStr>(), 24);
+    }
+
+    #[test]
+    fn padding_never_makes_two_strings_equal() {
+        // The inline compare reads the zero padding: a NUL at the end, a
+        // last byte that differs, a prefix, must still tell them apart.
+        let pairs = [
+            ("ab", "ab\0"),
+            ("ab\0", "ab"),
+            ("ab\0", "ab\0\0"),
+            ("", "\0"),
+            ("channel-0001", "channel-0002"),
+            ("channel-0001", "channel-000"),
+            ("exactly-twenty-two-by!", "exactly-twenty-two-by?"),
+            ("exactly-twenty-two-by!", "exactly-twenty-two-by!!"),
+        ];
+        for (held, asked) in pairs {
+            assert!(ShortStr::new(held) != *asked, "{held:?} {asked:?}");
+            assert!(ShortStr::new(held) == *held, "{held:?}");
+        }
     }
 }
