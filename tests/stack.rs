@@ -31,7 +31,12 @@ fn the_local_stack_closes_the_loop_and_stops_on_ctrl_c() {
         std::env::temp_dir().join(format!("hermes-stack-test-{}.out", std::process::id())),
     )
     .unwrap();
-    let mut script = Command::new("bash")
+    // The test stops the script with SIGINT, which a shell cannot trap if
+    // it started with the signal ignored: what a process started in the
+    // background of a non-interactive shell (a CI runner's `cmd &`)
+    // inherits. `env --default-signal` gives it back its default first.
+    let mut script = Command::new("env")
+        .args(["--default-signal=INT", "bash"])
         .arg(format!("{root}/compose/local.sh"))
         .env("KAFKA_PORT", kafka.to_string())
         .env("REDIS_PORT", redis.to_string())
@@ -51,7 +56,7 @@ fn the_local_stack_closes_the_loop_and_stops_on_ctrl_c() {
         .stderr(out)
         .stdin(Stdio::null())
         .spawn()
-        .expect("bash compose/local.sh");
+        .expect("env bash compose/local.sh");
     let logs = || {
         let mut s = String::new();
         for name in ["tansu", "hermes-a", "hermes-b", "gateways", "prometheus"] {
