@@ -22,24 +22,70 @@ fn owns(h: &Hermes, channel: &str) -> Result<Option<String>, ()> {
         }))
 }
 
-/// Two instances that split the three partitions between them.
+/// Each request loop's group membership on `h`: (rebalances it took part
+/// in, steady now), from `hermes_consumer_rebalances_total` and
+/// `hermes_consumer_group_steady`, by lane.
+fn membership(h: &Hermes) -> Vec<(f64, bool)> {
+    let text = h.get("/metrics").unwrap_or_default();
+    let by_lane = |name: &str| -> std::collections::BTreeMap<String, f64> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix("{lane=\""))
+            .filter_map(|rest| {
+                let (lane, value) = rest.split_once("\"} ")?;
+                Some((lane.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    let rebalances = by_lane("hermes_consumer_rebalances_total");
+    let steady = by_lane("hermes_consumer_group_steady");
+    rebalances
+        .iter()
+        .map(|(lane, n)| (*n, steady.get(lane) == Some(&1.0)))
+        .collect()
+}
+
+/// Two instances that split the three partitions between them, once the
+/// group has settled: every request loop of both (one per core) is a steady
+/// member, the split holds, and no loop took part in a rebalance for
+/// `SETTLED`. The loops join one after another, so a split seen before the
+/// last of them joined is followed by more rebalances; on tansu those came
+/// 5-15 s apart and moved free-a's partition away from the instance the test
+/// had chosen.
 fn split_pair(stack: &Stack, cooldown_ms: i64) -> (Hermes, Hermes, Vec<i32>, Vec<i32>) {
+    const SETTLED: Duration = Duration::from_secs(6);
+    let loops = std::thread::available_parallelism().map_or(1, |n| n.get());
     let a = start_hermes(stack, "a", cooldown_ms);
     let t0 = Instant::now();
     wait_assigned_all(&a, Duration::from_secs(60));
     let b = start_hermes(stack, "b", cooldown_ms);
+    let mut last: Option<(Vec<i32>, Vec<i32>, f64)> = None;
+    let mut since = Instant::now();
     loop {
         let (x, y) = (assigned(&a), assigned(&b));
-        if !x.is_empty()
+        let (ma, mb) = (membership(&a), membership(&b));
+        let split = !x.is_empty()
             && !y.is_empty()
             && x.len() + y.len() == 3
-            && x.iter().all(|p| !y.contains(p))
-        {
+            && x.iter().all(|p| !y.contains(p));
+        let steady = ma.len() == loops
+            && mb.len() == loops
+            && ma.iter().chain(&mb).all(|(_, steady)| *steady);
+        let rebalances: f64 = ma.iter().chain(&mb).map(|(n, _)| n).sum();
+        let now = (x.clone(), y.clone(), rebalances);
+        if !(split && steady) || last.as_ref() != Some(&now) {
+            since = Instant::now();
+        }
+        last = (split && steady).then_some(now);
+        if last.is_some() && since.elapsed() >= SETTLED {
+            eprintln!(
+                "split after {:?}: a {x:?}, b {y:?}, {rebalances} rebalances in all",
+                t0.elapsed()
+            );
             return (a, b, x, y);
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "the partitions were not split ({x:?} / {y:?}):\n{}\n{}",
+            t0.elapsed() < Duration::from_secs(150),
+            "the group did not settle on a split ({x:?} / {y:?}; a's loops {ma:?}, b's {mb:?}):\n{}\n{}",
             a.log_tail(),
             b.log_tail()
         );
@@ -199,8 +245,21 @@ fn a_paused_instance_is_fenced_on_resume_and_raises_no_stale_alert() {
         |s| free_state(s) == "DRAINED",
     );
     gw.set("free-a", HEALTHY);
+    let drained = Instant::now();
     while owns(&b, "free-a") != Ok(Some("DRAINED".into())) {
-        assert!(t0.elapsed() < Duration::from_secs(240), "b owns free-a");
+        assert!(
+            drained.elapsed() < Duration::from_secs(60),
+            "b does not report free-a DRAINED {:?} after the start: partitions a {:?}, b {:?} \
+             (free-a on {}); loops' (rebalances, steady) a {:?}, b {:?}:\n{}\n{}",
+            t0.elapsed(),
+            assigned(&a),
+            assigned(&b),
+            pb[0],
+            membership(&a),
+            membership(&b),
+            a.log_tail(),
+            b.log_tail()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let b_pid = b.child.id().to_string();

@@ -222,6 +222,30 @@ impl Exporter {
             None,
             owned.iter().map(|p| (vec![("partition", p.as_str())], 1.0)),
         )?;
+        let members: Vec<(String, super::GroupMember)> = lock(&m.members)
+            .iter()
+            .map(|(lane, g)| (lane.to_string(), *g))
+            .collect();
+        counters(
+            enc,
+            "hermes_consumer_rebalances",
+            "Rebalances (assignments and revocations) each request loop's consumer took part in; a count that keeps rising is a group that does not settle.",
+            members
+                .iter()
+                .map(|(lane, g)| (vec![("lane", lane.as_str())], g.rebalances)),
+        )?;
+        gauges(
+            enc,
+            "hermes_consumer_group_steady",
+            "1 while the request loop's consumer is a member of the group with its assignment, 0 while it joins or rebalances.",
+            None,
+            members.iter().map(|(lane, g)| {
+                (
+                    vec![("lane", lane.as_str())],
+                    if g.steady { 1.0 } else { 0.0 },
+                )
+            }),
+        )?;
         let lag: Vec<(String, i64)> = lock(&m.lag)
             .iter()
             .map(|(p, l)| (p.to_string(), *l))

@@ -188,6 +188,9 @@ pub struct Metrics {
     /// Request partitions this instance holds.
     /// Owned request partitions, per request loop.
     owned: Mutex<BTreeMap<usize, std::collections::BTreeSet<i32>>>,
+    /// Per request loop: its consumer's group membership, from librdkafka's
+    /// statistics.
+    members: Mutex<BTreeMap<usize, GroupMember>>,
     /// What `/readyz` answers.
     pub readiness: Readiness,
     /// The last alerts produced, one line each, newest last.
@@ -195,6 +198,16 @@ pub struct Metrics {
     /// (group, channel or "", kind, severity) → alerts produced: what the
     /// alert rules page on (bounded: channels come from the config).
     alerts_by_kind: Mutex<BTreeMap<AlertSeries, u64>>,
+}
+
+/// One request loop's consumer in the request topic's group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupMember {
+    /// Assignments and revocations it took part in since it started.
+    pub rebalances: u64,
+    /// A member with its assignment, between rebalances (librdkafka's
+    /// group state `up`, join state `steady`).
+    pub steady: bool,
 }
 
 /// (group, channel or "", kind, severity): one `hermes_alerts_total` series.
@@ -306,6 +319,12 @@ impl Metrics {
     /// Request loop `lane`'s partitions.
     pub fn set_owned(&self, lane: usize, owned: std::collections::BTreeSet<i32>) {
         lock(&self.owned).insert(lane, owned);
+    }
+
+    /// Request loop `lane`'s consumer group membership, as librdkafka's
+    /// last statistics report gave it.
+    pub fn set_member(&self, lane: usize, member: GroupMember) {
+        lock(&self.members).insert(lane, member);
     }
 
     pub fn set_lag(&self, partition: i32, lag: i64) {
@@ -469,6 +488,20 @@ mod tests {
         g.shed.insert("BATCH".into(), 0.25);
         m.set_group("chat", g);
         m.dead_letter("malformed");
+        m.set_member(
+            0,
+            GroupMember {
+                rebalances: 4,
+                steady: false,
+            },
+        );
+        m.set_member(
+            1,
+            GroupMember {
+                rebalances: 3,
+                steady: true,
+            },
+        );
         let text = m.render_prometheus();
         let has =
             |line: &str| assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
@@ -476,6 +509,10 @@ mod tests {
         has("hermes_channel_state{group=\"chat\",channel=\"free\",state=\"HEALTHY\"} 0.0");
         has("hermes_channel_weight_changes_total{group=\"chat\",channel=\"free\"} 1");
         has("hermes_dead_letters_total{kind=\"malformed\"} 1");
+        has("hermes_consumer_rebalances_total{lane=\"0\"} 4");
+        has("hermes_consumer_rebalances_total{lane=\"1\"} 3");
+        has("hermes_consumer_group_steady{lane=\"0\"} 0.0");
+        has("hermes_consumer_group_steady{lane=\"1\"} 1.0");
         has("hermes_group_shed_ratio{group=\"chat\",class=\"BATCH\"} 0.25");
         has("hermes_group_writer_epoch{group=\"chat\"} 7.0");
         has(

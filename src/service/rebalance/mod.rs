@@ -13,7 +13,7 @@
 
 use super::kafka::OutputProducer;
 use super::lock;
-use super::metrics::{Dependency, Metrics};
+use super::metrics::{Dependency, GroupMember, Metrics};
 use super::partition::Partition;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::producer::Producer;
@@ -179,6 +179,15 @@ impl ClientContext for RequestContext {
             .set_lane(self.lane, Dependency::Kafka, &self.brokers, problem);
         if !up {
             lock(&self.shared).broker_down_at = Some(Instant::now());
+        }
+        if let Some(g) = &stats.cgrp {
+            self.metrics.set_member(
+                self.lane,
+                GroupMember {
+                    rebalances: g.rebalance_cnt.max(0) as u64,
+                    steady: g.state == "up" && g.join_state == "steady",
+                },
+            );
         }
         if let Some(t) = stats.topics.get(&self.topic) {
             let now = Instant::now();
