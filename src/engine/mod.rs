@@ -137,18 +137,12 @@ impl Engine {
         // Sized once: grown by doubling, tens of MB were copied at a start
         // and up to half of it reserved for nothing.
         let mut channels = Vec::with_capacity(channel_count(&cfg));
-        let mut group_channels = vec![Vec::new(); cfg.groups.len()];
         for (gi, g) in cfg.groups.iter().enumerate() {
             for c in &g.channels {
-                group_channels[gi].push(channels.len());
                 channels.push(ChannelRuntime::new(c, gi, e));
             }
         }
-        let mut phases = vec![Vec::new(); e.evaluation_phases.max(1) as usize];
-        let n = phases.len();
-        for gi in 0..cfg.groups.len() {
-            phases[gi % n].push(gi);
-        }
+        let (group_channels, phases) = layout(&cfg);
         Engine {
             group_channels,
             phases,
@@ -183,6 +177,10 @@ impl Engine {
     }
     pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
         self.by_id.get(id)
+    }
+    /// The id of the channel at `idx`.
+    pub fn channel_id(&self, idx: ChannelIdx) -> &str {
+        &self.channels[idx as usize].cfg.id
     }
 
     /// Warm once a short window of event time has been seen: before that the
@@ -248,12 +246,15 @@ impl Engine {
     /// Restores a channel's state machine saved at event time `saved_at_ms`
     /// (a takeover). Until the watermark passes `saved_at_ms` the machine
     /// does not step: the events replayed up to there are already reflected
-    /// in it, and only rebuild the windows. Returns false for an unknown
-    /// channel.
-    pub fn restore(&mut self, channel: &str, machine: StateMachine, saved_at_ms: i64) -> bool {
-        let Some(idx) = self.channel_index(channel) else {
-            return false;
-        };
+    /// in it, and only rebuild the windows. Returns the channel's index,
+    /// `None` for an unknown channel.
+    pub fn restore(
+        &mut self,
+        channel: &str,
+        machine: StateMachine,
+        saved_at_ms: i64,
+    ) -> Option<ChannelIdx> {
+        let idx = self.channel_index(channel)?;
         let ch = &mut self.channels[idx as usize];
         // A channel restored below full weight: the replayed traffic may be
         // from before its weight fell (the silence rule reads only what came
@@ -263,7 +264,7 @@ impl Engine {
         }
         ch.machine = machine;
         ch.frozen_until_ms = Some(saved_at_ms);
-        true
+        Some(idx)
     }
 
     /// Whether any event of this channel reached this engine (a partition
@@ -313,6 +314,13 @@ impl Engine {
             .collect();
         self.safety = safety;
         self.by_id = id_table(&channels);
+        // Every index may have moved: the groups' channel lists, the phases
+        // and the channels touched since the last report follow the new
+        // order (a touched channel carries its flag; a removed one is gone).
+        (self.group_channels, self.phases) = layout(&cfg);
+        self.touched = (0..channels.len() as ChannelIdx)
+            .filter(|&idx| channels[idx as usize].touched)
+            .collect();
         self.channels = channels;
         self.generation = next_generation();
         if cfg.alerts != self.cfg.alerts {
@@ -557,6 +565,23 @@ impl Engine {
     pub fn take_touched(&mut self) -> Vec<ChannelIdx> {
         evaluate::take_touched(self)
     }
+}
+
+/// Each group's channel indices (the channels in config order, group by
+/// group) and each phase's groups (group `i` in phase `i % phases`).
+fn layout(cfg: &Config) -> (Vec<Vec<usize>>, Vec<Vec<usize>>) {
+    let mut group_channels = vec![Vec::new(); cfg.groups.len()];
+    let mut next = 0;
+    for (gi, g) in cfg.groups.iter().enumerate() {
+        group_channels[gi] = (next..next + g.channels.len()).collect();
+        next += g.channels.len();
+    }
+    let mut phases = vec![Vec::new(); cfg.engine.evaluation_phases.max(1) as usize];
+    let n = phases.len();
+    for gi in 0..cfg.groups.len() {
+        phases[gi % n].push(gi);
+    }
+    (group_channels, phases)
 }
 
 /// Channels configured, over every group.

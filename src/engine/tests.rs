@@ -508,8 +508,8 @@ fn a_restored_machine_does_not_step_on_what_the_replay_already_covers() {
     let saved_at = live.watermark_ms().unwrap();
 
     let mut taken = engine();
-    assert!(taken.restore("free-a", saved.clone(), saved_at));
-    assert!(!taken.restore("nope", saved.clone(), 0));
+    assert!(taken.restore("free-a", saved.clone(), saved_at).is_some());
+    assert!(taken.restore("nope", saved.clone(), 0).is_none());
     let mut replay_out = Vec::new();
     history(&mut taken, &mut replay_out);
     let idx = taken.channel_index("free-a").unwrap();
@@ -553,6 +553,57 @@ fn a_reload_keeps_windows_and_state_and_refuses_a_new_window_shape() {
     let mut other = (*three).clone();
     other.engine.slice_ms *= 2;
     assert!(e.reconfigure(Arc::new(other)).is_err());
+}
+
+/// After a reload that renumbers channels, adds a group and removes a
+/// channel, each interval evaluates every channel of the new config, each
+/// as itself; a reload down to fewer channels than before evaluates the
+/// ones left (the groups' channel lists and phases follow the new order).
+#[test]
+fn a_reload_that_renumbers_channels_evaluates_each_as_itself() {
+    let mut e = engine();
+    let mut out = Vec::new();
+    healthy(&mut e, T0, T0 + 20_000, 10, &mut out);
+    let evaluated = |e: &mut Engine, from: i64, out: &mut Vec<AlertEvent>| {
+        e.take_touched();
+        let mut seen = std::collections::BTreeSet::new();
+        for t in (from..from + 20_000).step_by(100) {
+            for (channel, group) in [("paid-a", "chat"), ("paid-b", "chat"), ("free-b", "batch")] {
+                let mut x = ev(channel, t);
+                x.route_group = group;
+                let _ = e.apply(&x, out);
+            }
+            for idx in e.take_touched() {
+                let h = e.health(idx);
+                seen.insert(format!("{}/{}", h.group, h.id));
+            }
+        }
+        seen.into_iter().collect::<Vec<_>>()
+    };
+    let reordered = Arc::new(
+        Config::from_toml(
+            "[[groups]]\nid = \"chat\"\n\
+             [[groups.channels]]\nid = \"paid-b\"\ntier = \"paid\"\n\
+             price_per_1k_tokens = 2.0\ncapacity_rps = 100.0\n\
+             [[groups.channels]]\nid = \"paid-a\"\ntier = \"paid\"\n\
+             price_per_1k_tokens = 1.0\ncapacity_rps = 100.0\n\
+             [[groups]]\nid = \"batch\"\n\
+             [[groups.channels]]\nid = \"free-b\"\ntier = \"free\"\n\
+             price_per_1k_tokens = 0.0\ncapacity_rps = 50.0\n",
+        )
+        .unwrap(),
+    );
+    e.reconfigure(reordered).unwrap();
+    assert_eq!(
+        evaluated(&mut e, T0 + 20_000, &mut out),
+        ["batch/free-b", "chat/paid-a", "chat/paid-b"]
+    );
+    let one = Arc::new(Config::single_group(
+        "chat",
+        &[("paid-a", Tier::Paid, 1.0, 100.0)],
+    ));
+    e.reconfigure(one).unwrap();
+    assert_eq!(evaluated(&mut e, T0 + 40_000, &mut out), ["chat/paid-a"]);
 }
 
 /// A channel looked up before a reload that renumbered the channels

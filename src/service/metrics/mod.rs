@@ -311,6 +311,18 @@ impl Metrics {
             .collect()
     }
 
+    /// Drops the rows of channels a reloaded config no longer has (the
+    /// others move to their new index at their next evaluation).
+    pub fn keep_channels(&self, configured: impl Fn(&str) -> bool) {
+        for rows in lock(&self.channels).by_partition.values_mut() {
+            for slot in rows.iter_mut() {
+                if slot.as_ref().is_some_and(|r| !configured(r.id.as_str())) {
+                    *slot = None;
+                }
+            }
+        }
+    }
+
     pub fn forget_partition(&self, partition: i32) {
         lock(&self.channels).by_partition.remove(&partition);
         lock(&self.lag).remove(&partition);
@@ -549,6 +561,10 @@ mod tests {
         m.set_channel(3, 0, "free", g("OBSERVING", 0.4));
         assert_eq!(m.channel_states()["free"], "OBSERVING");
         m.forget_partition(3);
+        assert_eq!(m.channel_states()["free"], "DRAINED");
+        m.set_channel(7, 5, "gone", g("HEALTHY", 0.0));
+        m.keep_channels(|id| id != "gone");
+        assert!(!m.channel_states().contains_key("gone"));
         assert_eq!(m.channel_states()["free"], "DRAINED");
         assert!(!m.channel_states().contains_key("paid"));
         m.set_channel(7, 4, "other", g("HEALTHY", 0.0));

@@ -147,8 +147,10 @@ pub struct Partition {
     pub last_idle_check: Instant,
     /// When the engine's steps are reported (`composition::ReportGate`).
     gate: ReportGate,
-    /// The machines as last saved (restored ones count as saved).
-    saved: ahash::AHashMap<String, StateMachine>,
+    /// The machines as last saved (restored ones count as saved), by the
+    /// engine's channel index: read for every channel evaluated, where a
+    /// map keyed by id cost a hash and two cold lines (bucket, key).
+    saved: Vec<Option<StateMachine>>,
     /// Held by this instance (an eager revocation deactivates every
     /// partition until the next assignment says which stay).
     pub active: bool,
@@ -186,7 +188,8 @@ impl Partition {
         dedup_horizon_ms: i64,
     ) -> Partition {
         let mut engine = Engine::for_partition(cfg.clone());
-        let mut restored = ahash::AHashMap::new();
+        let mut restored = vec![None; engine.channel_count()];
+        let mut count = 0;
         for (channel, s) in saved {
             if s.saved_at_ms > latest_ok_ms {
                 tracing::warn!(
@@ -196,15 +199,12 @@ impl Partition {
                 );
             }
             let saved_at = s.saved_at_ms.min(latest_ok_ms);
-            if engine.restore(channel, s.machine.clone(), saved_at) {
-                restored.insert(channel.clone(), s.machine.clone());
+            if let Some(idx) = engine.restore(channel, s.machine.clone(), saved_at) {
+                restored[idx as usize] = Some(s.machine.clone());
+                count += 1;
             }
         }
-        tracing::info!(
-            partition = id,
-            restored = restored.len(),
-            "partition rebuilding"
-        );
+        tracing::info!(partition = id, restored = count, "partition rebuilding");
         Partition {
             id,
             engine,
@@ -228,7 +228,7 @@ impl Partition {
     /// Forgets what was saved: each channel is saved again at its next
     /// evaluation (Redis lost the saved state).
     pub fn forget_saved(&mut self) {
-        self.saved.clear();
+        self.saved.fill(None);
     }
 
     /// Held again after a rebalance that kept it: reading resumes where it
@@ -312,8 +312,25 @@ impl Partition {
     }
 
     /// A reloaded config (see `Engine::reconfigure` for what it refuses).
+    /// What was saved follows each surviving channel to its new index.
     pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
-        self.engine.reconfigure(cfg)
+        let before: Vec<(String, StateMachine)> = (0..self.engine.channel_count())
+            .filter_map(|idx| {
+                let machine = self.saved.get(idx)?.clone()?;
+                Some((
+                    self.engine.channel_id(idx as ChannelIdx).to_string(),
+                    machine,
+                ))
+            })
+            .collect();
+        self.engine.reconfigure(cfg)?;
+        self.saved = vec![None; self.engine.channel_count()];
+        for (id, machine) in before {
+            if let Some(idx) = self.engine.channel_index(&id) {
+                self.saved[idx as usize] = Some(machine);
+            }
+        }
+        Ok(())
     }
 
     /// Applies one decoded record read at `offset`, at wall time `wall_ms`.
@@ -526,8 +543,9 @@ impl Partition {
                 continue;
             };
             let (h, machine) = (reading.health, reading.machine);
-            if self.saved.get(&h.id) != Some(machine) {
-                self.saved.insert(h.id.clone(), machine.clone());
+            let saved = &mut self.saved[idx as usize];
+            if saved.as_ref() != Some(machine) {
+                *saved = Some(machine.clone());
                 out.saves.push(StateWrite {
                     group: h.group.clone(),
                     channel: h.id.clone(),
@@ -718,6 +736,57 @@ mod tests {
         };
         let groups: Vec<&str> = first.iter().map(|r| r.group.as_str()).collect();
         assert_eq!(groups, ["a", "b"]);
+    }
+
+    /// A channel's state is saved when it changed since it was last saved:
+    /// once at its first evaluation, not again while it holds, again after
+    /// the store was lost; a reload that moves the channel to another index
+    /// keeps what was saved with it.
+    #[test]
+    fn a_state_is_saved_once_until_it_changes_and_a_reload_keeps_what_was_saved() {
+        use crate::config::Tier;
+        let mut p = partition(0);
+        let t0 = 1_764_000_000_000;
+        let ids: Vec<String> = (0..4_000).map(|i| format!("e{i}")).collect();
+        let mut next = 0;
+        // 20 s of paid-a's events, 10 a second; the channels it saved.
+        let mut run = |p: &mut Partition| {
+            let (mut saved, mut evaluated) = (Vec::new(), 0);
+            for _ in 0..200 {
+                let t = t0 + next as i64 * 100;
+                let mut e: RequestEvent<'_> = event("paid-a", t, "");
+                e.event_id = &ids[next];
+                p.apply(&e, next as i64, t).unwrap();
+                p.handled(next as i64, Instant::now());
+                let out = p.outputs("i", || 0);
+                evaluated += out.gauges.len();
+                saved.extend(out.saves.into_iter().map(|w| w.channel));
+                next += 1;
+            }
+            // Every 5 s interval evaluated it (the reload too).
+            assert!(evaluated >= 3, "evaluated {evaluated} times");
+            saved
+        };
+        assert_eq!(run(&mut p), ["paid-a"], "saved at its first evaluation");
+        assert!(run(&mut p).is_empty(), "unchanged: not saved again");
+        let idx = p.engine.channel_index("paid-a");
+        let moved = Arc::new(Config::single_group(
+            "chat",
+            &[
+                ("new-0", Tier::Paid, 1.0, 100.0),
+                ("free-a", Tier::Free, 0.0, 50.0),
+                ("paid-a", Tier::Paid, 1.0, 100.0),
+            ],
+        ));
+        p.reconfigure(moved).unwrap();
+        assert_ne!(p.engine.channel_index("paid-a"), idx, "the reload moved it");
+        assert!(run(&mut p).is_empty(), "what was saved moved with it");
+        p.forget_saved();
+        assert_eq!(
+            run(&mut p),
+            ["paid-a"],
+            "saved again once the store lost it"
+        );
     }
 
     #[test]

@@ -130,6 +130,8 @@ pub(super) fn reload_config(lp: &mut LoopState) {
             return;
         }
     }
+    let configured: ahash::AHashSet<&str> = cfg.channels().map(|c| c.id.as_str()).collect();
+    lp.metrics.keep_channels(|id| configured.contains(id));
     lp.cfg = cfg;
 }
 
