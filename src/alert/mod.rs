@@ -264,6 +264,20 @@ impl AlertRules {
         }
     }
 
+    /// The channels were numbered anew (a config reload): each remembered
+    /// alarm and open incident follows its channel to `renumbered(old)`,
+    /// and is dropped with a channel the config no longer has.
+    pub fn renumber(&mut self, renumbered: impl Fn(u32) -> Option<u32>) {
+        self.last_raised = std::mem::take(&mut self.last_raised)
+            .into_iter()
+            .filter_map(|((idx, kind), t)| Some(((renumbered(idx)?, kind), t)))
+            .collect();
+        self.incidents = std::mem::take(&mut self.incidents)
+            .into_iter()
+            .filter_map(|(idx, inc)| Some((renumbered(idx)?, inc)))
+            .collect();
+    }
+
     fn id(&mut self, channel: &str, kind: AlertKind, t: i64) -> String {
         self.seq += 1;
         format!("{channel}/{}/{t}/{}", kind.as_str(), self.seq)

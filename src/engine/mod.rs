@@ -286,6 +286,7 @@ impl Engine {
                     .into(),
             );
         }
+        let old_ids: Vec<String> = self.channels.iter().map(|c| c.cfg.id.clone()).collect();
         let mut old: ahash::AHashMap<String, ChannelRuntime> = std::mem::take(&mut self.channels)
             .into_iter()
             .map(|c| (c.cfg.id.clone(), c))
@@ -326,6 +327,10 @@ impl Engine {
         if cfg.alerts != self.cfg.alerts {
             // Dedup memory starts over with new alert rules.
             self.rules = AlertRules::new(cfg.alerts.clone());
+        } else {
+            let by_id = &self.by_id;
+            self.rules
+                .renumber(|old| by_id.get(old_ids.get(old as usize)?.as_str()));
         }
         self.cfg = cfg;
         Ok(())

@@ -606,6 +606,51 @@ fn a_reload_that_renumbers_channels_evaluates_each_as_itself() {
     assert_eq!(evaluated(&mut e, T0 + 40_000, &mut out), ["chat/paid-a"]);
 }
 
+/// An open incident belongs to its channel, not to an index: after a
+/// reload that swapped two channels, the other channel's first drain still
+/// pages at its own severity (the swap handed it the drained channel's
+/// incident before, and its page was demoted to "within an incident").
+#[test]
+fn a_reload_that_renumbers_channels_keeps_each_incident_with_its_channel() {
+    let two = |a: &str, b: &str| {
+        let ids = [a.to_string(), b.to_string()];
+        Arc::new(Config::single_group(
+            "chat",
+            &[
+                (&ids[0], Tier::Free, 0.0, 50.0),
+                (&ids[1], Tier::Free, 0.0, 50.0),
+            ],
+        ))
+    };
+    let mut e = Engine::new(two("free-a", "free-b"));
+    let mut out = Vec::new();
+    for t in (T0..T0 + 60_000).step_by(100) {
+        e.apply(&ev("free-a", t), &mut out).unwrap();
+        e.apply(&ev("free-b", t), &mut out).unwrap();
+    }
+    let drain = |e: &mut Engine, channel: &'static str, at: i64, out: &mut Vec<AlertEvent>| {
+        for t in at..at + 4 {
+            let mut x = ev(channel, t);
+            x.error_class = ErrorClass::ConnectionReset;
+            e.apply(&x, out).unwrap();
+        }
+        let a = out.last().unwrap().clone();
+        assert_eq!(a.kind, AlertKind::Transition);
+        assert_eq!(a.channel_id.as_deref(), Some(channel));
+        assert_eq!(a.to_state.as_deref(), Some("DRAINED"));
+        a.severity
+    };
+    assert_eq!(
+        drain(&mut e, "free-a", T0 + 60_000, &mut out),
+        crate::alert::Severity::P1
+    );
+    e.reconfigure(two("free-b", "free-a")).unwrap();
+    assert_eq!(
+        drain(&mut e, "free-b", T0 + 60_010, &mut out),
+        crate::alert::Severity::P1
+    );
+}
+
 /// A channel looked up before a reload that renumbered the channels
 /// is looked up again: the event lands in its own channel.
 #[test]
