@@ -355,7 +355,10 @@ fn catalogue(out: &mut String) {
     let tier_docs = field_docs("src/config/catalogue.rs", "RawTier");
     out.push_str(
         "\n### `[[groups]]`, `[[groups.channels]]`, `[tiers.<tier>]`\n\nReloads live \
-         (channels may come and go). A group has an `id` and an optional \
+         (channels and groups may come and go, in any order): a channel that stays \
+         keeps its windows, state, open incident and saved state; a removed one's \
+         are dropped; a new channel or group starts empty and is evaluated from its \
+         next phase. A group has an `id` and an optional \
          `budget_per_hour` (spend ceiling per hour in the cost currency; unset: \
          unbounded). A channel:\n\n| key | meaning |\n|---|---|\n",
     );
