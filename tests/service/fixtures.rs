@@ -30,12 +30,24 @@ pub(crate) const CHANNELS: &[(&str, i32)] = &[("free-a", 0), ("paid-a", 1), ("pa
 pub(crate) type Mapping = Vec<(&'static str, i32)>;
 
 pub(crate) fn config(brokers: &str, redis: &str, http_port: u16, free_cooldown_ms: i64) -> String {
+    config_with(brokers, redis, http_port, free_cooldown_ms, "")
+}
+
+/// [`config`] with more `[service]` keys.
+pub(crate) fn config_with(
+    brokers: &str,
+    redis: &str,
+    http_port: u16,
+    free_cooldown_ms: i64,
+    service_keys: &str,
+) -> String {
+    let service_extra = format!("reload_check_ms = 1000\ndedup_horizon_ms = 30000\n{service_keys}");
     support::config::TestConfig {
         free_cooldown_ms,
         kafka_extra: std::env::var("HERMES_TEST_KAFKA_DEBUG")
             .map(|d| format!("[kafka.properties]\ndebug = \"{d}\"\n"))
             .unwrap_or_default(),
-        service_extra: "reload_check_ms = 1000\ndedup_horizon_ms = 30000",
+        service_extra: &service_extra,
         engine_extra: "silent_after_ms = 10000",
         ..support::config::TestConfig::new(brokers, redis, http_port)
     }

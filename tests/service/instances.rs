@@ -44,20 +44,29 @@ fn membership(h: &Hermes) -> Vec<(f64, bool)> {
         .collect()
 }
 
+/// An instance with one request loop (`service.request_threads = 1`): the
+/// group is the two instances the tests reason about. With a loop per core
+/// (four members on this machine) tansu's coordinator, loaded by the other
+/// service tests running beside these, went through rebalance storms (77
+/// rebalances in 89 s) that moved free-a's partition after the test had
+/// chosen the instance holding it. Loops sharing an instance's partitions
+/// are tested in `pipeline` and `dependencies`.
+fn start_member(stack: &Stack, name: &str, cooldown_ms: i64) -> Hermes {
+    stack.hermes(name, |brokers, redis, port| {
+        config_with(brokers, redis, port, cooldown_ms, "request_threads = 1")
+    })
+}
+
 /// Two instances that split the three partitions between them, once the
-/// group has settled: every request loop of both (one per core) is a steady
-/// member, the split holds, and no loop took part in a rebalance for
-/// `SETTLED`. The loops join one after another, so a split seen before the
-/// last of them joined is followed by more rebalances; on tansu those came
-/// 5-15 s apart and moved free-a's partition away from the instance the test
-/// had chosen.
+/// group has settled: the request loop of each is a steady member, the
+/// split holds, and neither took part in a rebalance for `SETTLED`.
 fn split_pair(stack: &Stack, cooldown_ms: i64) -> (Hermes, Hermes, Vec<i32>, Vec<i32>) {
     const SETTLED: Duration = Duration::from_secs(6);
-    let loops = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let a = start_hermes(stack, "a", cooldown_ms);
+    let loops = 1;
+    let a = start_member(stack, "a", cooldown_ms);
     let t0 = Instant::now();
     wait_assigned_all(&a, Duration::from_secs(60));
-    let b = start_hermes(stack, "b", cooldown_ms);
+    let b = start_member(stack, "b", cooldown_ms);
     let mut last: Option<(Vec<i32>, Vec<i32>, f64)> = None;
     let mut since = Instant::now();
     loop {
