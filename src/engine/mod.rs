@@ -178,10 +178,6 @@ impl Engine {
     pub fn channel_index(&self, id: &str) -> Option<ChannelIdx> {
         self.by_id.get(id)
     }
-    /// The id of the channel at `idx`.
-    pub fn channel_id(&self, idx: ChannelIdx) -> &str {
-        &self.channels[idx as usize].cfg.id
-    }
 
     /// Warm once a short window of event time has been seen: before that the
     /// engine's view is too thin to publish (fail static, never "all healthy"
@@ -279,7 +275,11 @@ impl Engine {
     /// reload). Channels new to the config start empty; removed
     /// ones are dropped. The window shape (`[engine]`) cannot change while
     /// running: that needs a restart, and the reload is refused.
-    pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
+    ///
+    /// Returns where each channel went: entry `i` is the new index of the
+    /// channel that was at index `i`, `None` for one the config dropped
+    /// (for state others keep by index).
+    pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<Vec<Option<ChannelIdx>>, String> {
         if cfg.engine != self.cfg.engine {
             return Err(
                 "[engine] settings changed: window shape needs a restart; keeping the running config"
@@ -324,16 +324,16 @@ impl Engine {
             .collect();
         self.channels = channels;
         self.generation = next_generation();
+        let moved: Vec<Option<ChannelIdx>> = old_ids.iter().map(|id| self.by_id.get(id)).collect();
         if cfg.alerts != self.cfg.alerts {
             // Dedup memory starts over with new alert rules.
             self.rules = AlertRules::new(cfg.alerts.clone());
         } else {
-            let by_id = &self.by_id;
             self.rules
-                .renumber(|old| by_id.get(old_ids.get(old as usize)?.as_str()));
+                .renumber(|old| moved.get(old as usize).copied().flatten());
         }
         self.cfg = cfg;
-        Ok(())
+        Ok(moved)
     }
 
     /// The state machine of a channel (read-only).

@@ -314,22 +314,14 @@ impl Partition {
     /// A reloaded config (see `Engine::reconfigure` for what it refuses).
     /// What was saved follows each surviving channel to its new index.
     pub fn reconfigure(&mut self, cfg: Arc<Config>) -> Result<(), String> {
-        let before: Vec<(String, StateMachine)> = (0..self.engine.channel_count())
-            .filter_map(|idx| {
-                let machine = self.saved.get(idx)?.clone()?;
-                Some((
-                    self.engine.channel_id(idx as ChannelIdx).to_string(),
-                    machine,
-                ))
-            })
-            .collect();
-        self.engine.reconfigure(cfg)?;
-        self.saved = vec![None; self.engine.channel_count()];
-        for (id, machine) in before {
-            if let Some(idx) = self.engine.channel_index(&id) {
-                self.saved[idx as usize] = Some(machine);
+        let moved = self.engine.reconfigure(cfg)?;
+        let mut saved = vec![None; self.engine.channel_count()];
+        for (machine, to) in std::mem::take(&mut self.saved).into_iter().zip(moved) {
+            if let Some(to) = to {
+                saved[to as usize] = machine;
             }
         }
+        self.saved = saved;
         Ok(())
     }
 
