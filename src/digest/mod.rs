@@ -81,20 +81,40 @@ fn interpolate(left: f64, right: f64, fraction: f64) -> f64 {
     }
 }
 
-/// `tdigest`'s scale function: the weight a digest of `max_size` lets its
-/// first `k` centroids hold.
-fn weight_limit(k: f64, max_size: usize, count: f64) -> f64 {
-    if k >= max_size as f64 {
-        f64::INFINITY
+/// `tdigest`'s scale function: the share of a digest's count its first
+/// `k` centroids may hold (`k < max_size`; the weight limit is this times
+/// the count, and none from `max_size` on).
+fn scale(k: f64, max_size: usize) -> f64 {
+    let k_div_d = k / max_size as f64;
+    if k_div_d >= 0.5 {
+        let base = 1.0 - k_div_d;
+        1.0 - 2.0 * base * base
     } else {
-        let k_div_d = k / max_size as f64;
-        let q = if k_div_d >= 0.5 {
-            let base = 1.0 - k_div_d;
-            1.0 - 2.0 * base * base
-        } else {
-            2.0 * k_div_d * k_div_d
+        2.0 * k_div_d * k_div_d
+    }
+}
+
+/// [`scale`] for every `k` below one `max_size`, computed once per thread
+/// and size: a compression asks for one per centroid it keeps, and the
+/// division and branches on its path were a tenth of a slice's merge. The
+/// same expression gives the same bits, so the limits are `tdigest`'s.
+struct Scales {
+    /// Per `max_size` asked for (a slice's and a pane's): the scales of
+    /// `k` = 0..max_size.
+    sizes: Vec<(usize, Vec<f64>)>,
+}
+
+impl Scales {
+    fn of(&mut self, max_size: usize) -> &[f64] {
+        let i = match self.sizes.iter().position(|(s, _)| *s == max_size) {
+            Some(i) => i,
+            None => {
+                let table = (0..max_size).map(|k| scale(k as f64, max_size)).collect();
+                self.sizes.push((max_size, table));
+                self.sizes.len() - 1
+            }
         };
-        q * count
+        &self.sizes[i].1
     }
 }
 
@@ -419,15 +439,31 @@ impl Drop for MergedDigest {
 
 /// [`compress`] into `compressed` (cleared first), reusing its buffer.
 fn compress_into(
-    mut sorted: impl Iterator<Item = Centroid>,
+    sorted: impl Iterator<Item = Centroid>,
     max_size: usize,
     count: f64,
     compressed: &mut Vec<Centroid>,
 ) {
+    let compress = |scales: &[f64]| compress_scaled(sorted, scales, count, compressed);
+    SCALES.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scales) => compress(scales.of(max_size)),
+        Err(_) => compress(Scales { sizes: Vec::new() }.of(max_size)),
+    })
+}
+
+/// `tdigest`'s `compress_sorted` loop, the weight limit of the first `k`
+/// centroids read from `scales` (`max_size` of them: none past it).
+fn compress_scaled(
+    mut sorted: impl Iterator<Item = Centroid>,
+    scales: &[f64],
+    count: f64,
+    compressed: &mut Vec<Centroid>,
+) {
+    let limit = |k: usize| scales.get(k).map_or(f64::INFINITY, |q| q * count);
     compressed.clear();
-    let mut k_limit = 1.0;
-    let mut q_limit_times_count = weight_limit(k_limit, max_size, count);
-    k_limit += 1.0;
+    let mut k_limit = 1;
+    let mut q_limit_times_count = limit(k_limit);
+    k_limit += 1;
     let Some(mut curr) = sorted.next() else {
         return;
     };
@@ -438,8 +474,8 @@ fn compress_into(
             curr.merge(centroid.mean, centroid.weight);
         } else {
             compressed.push(curr);
-            q_limit_times_count = weight_limit(k_limit, max_size, count);
-            k_limit += 1.0;
+            q_limit_times_count = limit(k_limit);
+            k_limit += 1;
             curr = centroid;
         }
     }
@@ -453,6 +489,7 @@ fn compress_into(
 }
 
 thread_local! {
+    static SCALES: RefCell<Scales> = const { RefCell::new(Scales { sizes: Vec::new() }) };
     static RUNS: RefCell<Runs> = RefCell::new(Runs::default());
     /// Buffers of the views alive or dropped on this thread, for reuse.
     static VIEW_RUNS: RefCell<Vec<Runs>> = const { RefCell::new(Vec::new()) };

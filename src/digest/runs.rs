@@ -24,6 +24,8 @@ pub struct Runs {
     pub(super) value_keys: Vec<u32>,
     /// A view's walk: per run, the part not yet taken.
     pub(super) walk: Vec<(usize, usize)>,
+    /// Whether a run was added that is not known to be in order.
+    pub(super) unchecked: bool,
     pub(super) count: f64,
     pub(super) min: Option<f64>,
     pub(super) max: Option<f64>,
@@ -34,6 +36,14 @@ impl Runs {
     /// order, as a digest keeps them) and its extremes. They are kept
     /// packed, as the keys merging compares: this is a copy.
     pub fn add(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
+        self.unchecked = true;
+        self.add_in_order(centroids, count, min, max);
+    }
+
+    /// [`Runs::add`] for centroids known to be in ascending key order
+    /// (`in_order`), so that merging need not check them again.
+    pub fn add_in_order(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
+        debug_assert!(in_order(centroids));
         self.starts.push(self.items.len());
         self.items.extend(centroids.iter().map(|c| c.0));
         self.count += count;
@@ -109,6 +119,9 @@ impl Runs {
     /// means that narrowed to one `f32`) has everything sorted into one.
     /// `false` if it came to that.
     pub(super) fn order_runs(&mut self) -> bool {
+        if !self.unchecked {
+            return true;
+        }
         let n = self.items.len();
         let runs_in_order = (0..self.starts.len()).all(|r| {
             let end = self.starts.get(r + 1).copied().unwrap_or(n);
@@ -194,10 +207,17 @@ impl Runs {
     pub(super) fn clear(&mut self) {
         self.items.clear();
         self.starts.clear();
+        self.unchecked = false;
         self.count = 0.0;
         self.min = None;
         self.max = None;
     }
+}
+
+/// Whether `centroids` are in ascending key order, as a digest keeps them
+/// (narrowed to `f32`, two means can swap places: [`Runs::order_runs`]).
+pub fn in_order(centroids: &[Packed]) -> bool {
+    centroids.windows(2).all(|w| w[0].0 <= w[1].0)
 }
 
 /// Merges two ordered runs of keys into `out` (`a.len() + b.len()` long),
@@ -265,7 +285,7 @@ pub(super) fn key(mean: f32, weight: f32) -> u64 {
 /// packed as its sort key (mean bits above weight bits, ordered as
 /// `f32::total_cmp`; 8 bytes, what a pair of `f32` takes),
 /// so gathering a view's runs ([`Runs::add`]) copies them as they are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(transparent)]
 pub struct Packed(u64);
 

@@ -116,8 +116,15 @@ pub fn bad_outcome_rate_since(
     since_ms: i64,
 ) -> SinceAtRisk {
     let min = SignalKind::BadOutcomeRate.policy(policy).min_samples;
-    let short = ring.counters(now_ms, cfg.short_window_ms, since_ms).real;
-    let long = ring.counters(now_ms, cfg.long_window_ms, since_ms).real;
+    let [short, long] = ring
+        .counters_of(
+            now_ms,
+            [
+                (cfg.short_window_ms, since_ms),
+                (cfg.long_window_ms, since_ms),
+            ],
+        )
+        .map(|v| v.real);
     let readings = [
         bad_outcomes(&short, min, policy),
         bad_outcomes(&long, min, policy),

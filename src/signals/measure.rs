@@ -27,8 +27,13 @@ pub fn measure(
         Horizon::Recent => cfg.short_window_ms,
         Horizon::Whole => cfg.long_window_ms,
     };
-    let short = ring.counters(now_ms, short_ms, not_before_ms);
-    let long = ring.counters(now_ms, cfg.long_window_ms, not_before_ms);
+    let [short, long] = ring.counters_of(
+        now_ms,
+        [
+            (short_ms, not_before_ms),
+            (cfg.long_window_ms, not_before_ms),
+        ],
+    );
     let mut out = Signals {
         short_real: short.real,
         short_probe: short.probe,

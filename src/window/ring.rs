@@ -169,16 +169,28 @@ impl SliceRing {
 
     /// Counters of a view.
     pub fn counters(&self, now_ms: i64, window_ms: i64, not_before_ms: i64) -> ViewCounters {
-        let (first, last) = self.range(now_ms, window_ms, not_before_ms);
-        let mut out = ViewCounters::default();
+        let [out] = self.counters_of(now_ms, [(window_ms, not_before_ms)]);
+        out
+    }
+
+    /// Counters of several views ending at `now_ms`, each a window and the
+    /// time it reads nothing before, in one pass over the slices: a
+    /// channel's evaluation reads its short and long views together, and
+    /// the long one's slices (60 by default) are most of a channel's
+    /// counters. Each view sums its slices in the order [`Self::counters`]
+    /// does, so the sums are the same to the bit (the cost is a float).
+    pub fn counters_of<const N: usize>(
+        &self,
+        now_ms: i64,
+        views: [(i64, i64); N],
+    ) -> [ViewCounters; N] {
+        let ranges =
+            views.map(|(window_ms, not_before_ms)| self.range(now_ms, window_ms, not_before_ms));
+        let mut out = [ViewCounters::default(); N];
         for s in &self.slices {
-            if s.index >= first && s.index <= last {
-                out.real.add(&s.real);
-                out.probe.add(&s.probe);
-                for i in 0..4 {
-                    out.class_requests[i] += s.class_requests[i];
-                    out.class_tokens[i] += s.class_tokens[i] as u64;
-                    out.class_unsent[i] += s.class_unsent[i];
+            for (out, &(first, last)) in out.iter_mut().zip(&ranges) {
+                if s.index >= first && s.index <= last {
+                    add_slice(out, s);
                 }
             }
         }
@@ -565,5 +577,17 @@ impl SliceRing {
                 p.hi = first - 1;
             }
         }
+    }
+}
+
+/// Adds a slice's counts to a view's.
+#[inline]
+fn add_slice(out: &mut ViewCounters, s: &Slice) {
+    out.real.add(&s.real);
+    out.probe.add(&s.probe);
+    for i in 0..4 {
+        out.class_requests[i] += s.class_requests[i];
+        out.class_tokens[i] += s.class_tokens[i] as u64;
+        out.class_unsent[i] += s.class_unsent[i];
     }
 }

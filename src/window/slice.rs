@@ -146,6 +146,9 @@ pub(super) struct SliceDigests {
     pub(super) count: [u32; 5],
     pub(super) min: [f32; 5],
     pub(super) max: [f32; 5],
+    /// Bit `k` set: kind `k`'s centroids are out of key order (two means
+    /// that narrowed to one `f32` swapped), for [`Runs::add_in_order`].
+    pub(super) unordered: u8,
 }
 
 impl SliceDigests {
@@ -177,12 +180,13 @@ impl SliceDigests {
         if self.is_empty(k) {
             return;
         }
-        runs.add(
-            &self.centroids[self.range(k)],
-            self.count[k] as f64,
-            self.min[k] as f64,
-            self.max[k] as f64,
-        );
+        let (centroids, count) = (&self.centroids[self.range(k)], self.count[k] as f64);
+        let (min, max) = (self.min[k] as f64, self.max[k] as f64);
+        if self.unordered & (1 << k) == 0 {
+            runs.add_in_order(centroids, count, min, max);
+        } else {
+            runs.add(centroids, count, min, max);
+        }
     }
 
     /// Merges every kind of `other` into this one, compressing each to
@@ -205,16 +209,30 @@ impl SliceDigests {
     /// Replaces kind `k` with a merged digest.
     pub(super) fn store_merged(&mut self, k: usize, d: &MergedDigest) {
         let range = self.range(k);
-        let old = range.len();
-        let new = d.centroids().len();
+        let (old, new) = (range.len(), d.centroids().len());
         // Grown to size, never doubled (the buffer is most of a slice's
         // memory), and not shrunk back either: a slice's kinds stay about
         // the size of their compression once they hold values.
         if new > old {
             self.centroids.reserve_exact(new - old);
         }
-        self.centroids
-            .splice(range, d.centroids().iter().map(digest::Packed::of));
+        // The kinds after this one move to where its new centroids end.
+        let len = self.centroids.len();
+        if new != old {
+            if new > old {
+                self.centroids
+                    .resize(len + new - old, digest::Packed::default());
+            }
+            self.centroids
+                .copy_within(range.end..len, range.start + new);
+            self.centroids.truncate(len + new - old);
+        }
+        let stored = &mut self.centroids[range.start..range.start + new];
+        for (slot, c) in stored.iter_mut().zip(d.centroids()) {
+            *slot = digest::Packed::of(c);
+        }
+        let ordered = digest::in_order(stored);
+        self.unordered = (self.unordered & !(1 << k)) | ((!ordered as u8) << k);
         for end in &mut self.ends[k..] {
             *end = (*end as usize + new - old) as u16;
         }

@@ -458,3 +458,49 @@ fn probe_counts_saturate_within_a_slice_and_sum_wide_across_slices() {
     let probes = u16::MAX as f64 + 17.0;
     assert!((view.probe.cost - probes * e.cost).abs() < 1e-6 * probes * e.cost.max(1.0));
 }
+
+/// Values a few `f32` steps apart merge into centroids whose `f64` means
+/// narrow to one `f32`, and then the weights can put a stored kind out of
+/// key order. A kind says so (`unordered`), so a view sorts it; one in order
+/// is merged as it is. Either way the view is what checking every run gives.
+#[test]
+fn a_kind_stored_out_of_key_order_says_so_and_its_views_still_sort_it() {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut d = SliceDigests::default();
+    let (mut seen_unordered, mut seen_ordered) = (false, false);
+    for round in 0..40 {
+        let k = round % 2;
+        let values: Vec<f32> = (0..64)
+            .map(|_| 1.0 + (next() % 4) as f32 * f32::EPSILON)
+            .collect();
+        let t = digest::add_values(25, |runs| d.add_to(runs, k), &values).unwrap();
+        d.store_merged(k, &t);
+        for k in (0..2).filter(|&k| !d.is_empty(k)) {
+            let ordered = digest::in_order(&d.centroids[d.range(k)]);
+            assert_eq!(
+                d.unordered & (1 << k) == 0,
+                ordered,
+                "round {round} kind {k}"
+            );
+            (seen_unordered, seen_ordered) = (seen_unordered || !ordered, seen_ordered || ordered);
+            let flagged = digest::gather(200, |runs| d.add_to(runs, k)).unwrap();
+            let checked = digest::gather(200, |runs| {
+                let c = &d.centroids[d.range(k)];
+                runs.add(c, d.count[k] as f64, d.min[k] as f64, d.max[k] as f64);
+            })
+            .unwrap();
+            assert_eq!(flagged, checked, "round {round} kind {k}");
+            assert!(flagged
+                .centroids()
+                .windows(2)
+                .all(|w| w[0].mean <= w[1].mean));
+        }
+    }
+    assert!(seen_unordered && seen_ordered);
+}
