@@ -31,6 +31,12 @@ pub struct ReportGate {
 }
 
 impl ReportGate {
+    /// Whether the engine evaluated since the last [`ReportGate::due`]:
+    /// then the next step is due even without alerts.
+    pub fn pending(&self, engine: &Engine) -> bool {
+        engine.stats().evaluations != self.evaluations
+    }
+
     /// Whether the step that raised `alerts` is to be reported, and whether
     /// it changed a channel's state.
     pub fn due(&mut self, engine: &Engine, alerts: &[AlertEvent]) -> Option<bool> {

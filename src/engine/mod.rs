@@ -169,6 +169,11 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         self.stats
     }
+    /// Whether a channel was evaluated or changed since
+    /// [`Engine::take_touched`].
+    pub fn has_touched(&self) -> bool {
+        !self.touched.is_empty()
+    }
     pub fn watermark_ms(&self) -> Option<i64> {
         self.watermark_ms
     }

@@ -77,9 +77,10 @@ impl RequestPath {
                 Err(_) => verdicts.refused += 1,
             }
             part.handled(self.offset, at);
-            let out = part.outputs(&self.instance, || wall_ms);
-            // No schema registry here: alerts are encoded as plain Avro.
-            let _ = out.emit(&self.metrics, None, &mut Discard);
+            if let Some(out) = part.outputs_if_any(&self.instance, || wall_ms) {
+                // No schema registry here: alerts are encoded as plain Avro.
+                let _ = out.emit(&self.metrics, None, &mut Discard);
+            }
             self.offset += 1;
         }
         verdicts

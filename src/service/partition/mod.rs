@@ -491,6 +491,23 @@ impl Partition {
         self.alerts.push(alert);
     }
 
+    /// [`Partition::outputs`], or `None` when they would be empty: no
+    /// alert, nothing evaluated or changed since the last call. A record
+    /// that changes nothing (most of them: a phase of the interval comes
+    /// every few thousand) then skips building and emitting them.
+    pub fn outputs_if_any(
+        &mut self,
+        instance: &str,
+        wall_ms: impl FnOnce() -> i64,
+    ) -> Option<Outputs> {
+        if self.alerts.is_empty() && !self.engine.has_touched() && !self.gate.pending(&self.engine)
+        {
+            self.replayed_last = false;
+            return None;
+        }
+        Some(self.outputs(instance, wall_ms))
+    }
+
     /// What the engine produced since the last call. Alerts always; for the
     /// channels evaluated (a phase of the interval) or changed between
     /// phases (a drain must reach gateways in well under a second) since
@@ -674,6 +691,60 @@ mod tests {
         }
         assert_eq!(hinted.engine.stats().applied, 3);
         assert_eq!(hinted.dedup.duplicates(), 2);
+    }
+
+    /// A record after which `outputs` would be empty gets no outputs from
+    /// `outputs_if_any`, and every other gets the same outputs: two
+    /// partitions fed the same records (a replayed stretch, evaluations,
+    /// an alert raised by the loop) hand out the same.
+    #[test]
+    fn outputs_if_any_skips_exactly_the_empty_ones() {
+        let (mut plain, mut skipping) = (partition(40), partition(40));
+        let t0 = 1_764_000_000_000;
+        let ids: Vec<String> = (0..6_000).map(|i| format!("e{i}")).collect();
+        let (mut skipped, mut handed) = (0, 0);
+        let spike = {
+            let mut r = crate::alert::DeadLetterRule::new(crate::config::AlertConfig::default());
+            (0..3_000)
+                .find_map(|i| r.record(i * 10, (i % 3 == 0).then_some("invalid")))
+                .expect("a third of the records dead")
+                .alert
+        };
+        for (i, id) in ids.iter().enumerate() {
+            let offset = i as i64;
+            let t = t0 + offset * 25;
+            let channel = ["free-a", "paid-a"][i % 2];
+            let mut e = event(channel, t, "x");
+            e.event_id = id;
+            for p in [&mut plain, &mut skipping] {
+                let _ = p.apply(&e, offset, t);
+                p.handled(offset, Instant::now());
+                if i == 3_001 {
+                    p.raise(spike.clone());
+                }
+            }
+            let want = plain.outputs("i", || 7);
+            match skipping.outputs_if_any("i", || 7) {
+                Some(got) => {
+                    handed += 1;
+                    assert_eq!(format!("{got:?}"), format!("{want:?}"), "record {i}");
+                }
+                None => {
+                    skipped += 1;
+                    assert!(
+                        want.alerts.is_empty()
+                            && want.saves.is_empty()
+                            && want.gauges.is_empty()
+                            && want.reports.is_empty(),
+                        "record {i}: {want:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            skipped > 5_000 && handed > 10,
+            "{skipped} skipped, {handed} handed"
+        );
     }
 
     /// Once caught up after a rebuild, the first report names every

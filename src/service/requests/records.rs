@@ -214,8 +214,10 @@ pub(super) fn handle_record(
         lp.to_store.insert(p, offset + 1);
     }
     part.handled(offset, at);
-    let out = part.outputs(&lp.instance, crate::wall_clock::now_ms);
-    lp.emitter.outputs(out)
+    match part.outputs_if_any(&lp.instance, crate::wall_clock::now_ms) {
+        Some(out) => lp.emitter.outputs(out),
+        None => Ok(()),
+    }
 }
 
 /// Decodes a record, fetching an unknown writer schema from the registry
