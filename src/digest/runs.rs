@@ -37,13 +37,17 @@ impl Runs {
     /// packed, as the keys merging compares: this is a copy.
     pub fn add(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
         self.unchecked = true;
-        self.add_in_order(centroids, count, min, max);
+        self.push_run(centroids, count, min, max);
     }
 
     /// [`Runs::add`] for centroids known to be in ascending key order
     /// (`in_order`), so that merging need not check them again.
     pub fn add_in_order(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
         debug_assert!(in_order(centroids));
+        self.push_run(centroids, count, min, max);
+    }
+
+    fn push_run(&mut self, centroids: &[Packed], count: f64, min: f64, max: f64) {
         self.starts.push(self.items.len());
         self.items.extend(centroids.iter().map(|c| c.0));
         self.count += count;

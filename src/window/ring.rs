@@ -224,9 +224,19 @@ impl SliceRing {
             .iter()
             .filter(|f| f.index >= first && f.index <= last)
             .map(|f| &f.digests);
+        // Panes hold slices up to `moved_through` only: a view that starts
+        // after it (a short view) reads none, and touches none of their
+        // headers (a cache miss each, at every evaluation).
+        let panes_in_view = if first <= self.moved_through {
+            self.panes.len()
+        } else {
+            0
+        };
+        debug_assert!(self.panes.iter().all(|p| p.held.1 <= self.moved_through));
         let panes = self
             .panes
             .iter()
+            .take(panes_in_view)
             .filter(|p| p.held.1 >= first && p.held.0 <= last && p.held.0 >= clip)
             .map(|p| &p.digests);
         // The view's centroids, in reused buffers (this runs for every
