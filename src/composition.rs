@@ -41,11 +41,10 @@ impl ReportGate {
     /// it changed a channel's state.
     pub fn due(&mut self, engine: &Engine, alerts: &[AlertEvent]) -> Option<bool> {
         let changed = alerts.iter().any(|a| a.kind == AlertKind::Transition);
-        let evaluations = engine.stats().evaluations;
-        if evaluations == self.evaluations && !changed {
+        if !self.pending(engine) && !changed {
             return None;
         }
-        self.evaluations = evaluations;
+        self.evaluations = engine.stats().evaluations;
         Some(changed)
     }
 }
