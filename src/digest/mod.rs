@@ -280,39 +280,167 @@ impl ViewDigest {
         if !descending && q <= 0.0 {
             return bounds.0;
         }
-        if q > TAIL && q < 1.0 - TAIL && self.runs.starts.len() > 1 {
+        if q > TAIL && q < 1.0 - TAIL {
+            if !descending && self.runs.starts.len() > 2 {
+                if let Some(v) = self.bracketed(q, rank, bounds) {
+                    return v;
+                }
+            }
             // In order since `view` made them so.
             self.runs.merge_runs();
         }
-        let mut walk = Walk::new(&mut self.runs, descending);
-        // The centroid walked before the current one, and the one before
-        // that: a neighbour when the walk runs off the far end.
-        let (mut prev, mut prev2): (Option<Centroid>, Option<Centroid>) = (None, None);
-        if descending {
-            let mut t = count;
-            while let Some(c) = walk.next() {
-                t -= c.weight;
-                if rank >= t {
-                    return interpolate_at(c, walk.next(), prev, rank, t, bounds);
-                }
-                (prev2, prev) = (prev, Some(c));
-            }
-            // Never reached: the lowest centroid, as `estimate_quantile`
-            // leaves it.
-            let c = prev.expect("a view holds a centroid");
-            interpolate_at(c, None, prev2, rank, t, bounds)
-        } else {
-            let mut t = 0.0;
-            while let Some(c) = walk.next() {
-                if rank < t + c.weight {
-                    return interpolate_at(c, prev, walk.next(), rank, t, bounds);
-                }
-                t += c.weight;
-                (prev2, prev) = (prev, Some(c));
-            }
-            let c = prev.expect("a view holds a centroid");
-            interpolate_at(c, prev2, None, rank, t, bounds)
+        if let [_] = self.runs.starts[..] {
+            // One run: walked by index.
+            let items = &self.runs.items[..];
+            let (mut lo, mut hi) = (0, items.len());
+            let next = || {
+                (lo < hi).then(|| {
+                    if descending {
+                        hi -= 1;
+                        centroid(items[hi])
+                    } else {
+                        lo += 1;
+                        centroid(items[lo - 1])
+                    }
+                })
+            };
+            return walk_to(rank, count, descending, bounds, next);
         }
+        let mut walk = Walk::new(&mut self.runs, descending);
+        walk_to(rank, count, descending, bounds, || walk.next())
+    }
+}
+
+impl ViewDigest {
+    /// The ascending walk of [`ViewDigest::estimate_quantile`] to `rank`
+    /// (quantile `q`, nearer the middle), without merging every run: only
+    /// the keys between two bounds, taken around each run's own quantile
+    /// `q`, are merged and walked, from the weight of all keys below
+    /// them. `None` when the bounds miss the walk's answer or a weight is
+    /// not a whole number (the caller merges every run and walks them).
+    ///
+    /// The same answer to the bit: the keys between the bounds are a
+    /// stretch of the merged sequence, the key before them is the largest
+    /// below the lower bound, the one after the smallest above the upper.
+    /// The walk sums weights in another order; a centroid's weight is a
+    /// count of values, a whole number, and sums of whole numbers below
+    /// 2^53 are exact in any order.
+    fn bracketed(&mut self, q: f64, rank: f64, bounds: (f64, f64)) -> Option<f64> {
+        let runs = &mut self.runs;
+        let n = runs.items.len();
+        let end = |r: usize, starts: &[usize]| starts.get(r + 1).copied().unwrap_or(n);
+        // Each key's weight with those before it in its run.
+        runs.weight_through.resize(n, 0.0);
+        let mut whole = true;
+        for r in 0..runs.starts.len() {
+            let (lo, hi) = (runs.starts[r], end(r, &runs.starts));
+            let mut sum = 0.0;
+            for (&k, through) in runs.items[lo..hi]
+                .iter()
+                .zip(&mut runs.weight_through[lo..hi])
+            {
+                let w = centroid(k).weight;
+                // A whole `u32` (a count): their sums stay far below 2^53.
+                whole &= w as u32 as f64 == w;
+                sum += w;
+                *through = sum;
+            }
+        }
+        if !whole {
+            return None;
+        }
+        let (items, starts, through) = (&runs.items, &runs.starts, &runs.weight_through);
+        // The bounds: around the key at which each run's weight passes
+        // its share `q`, the lowest key before one and the highest after.
+        let (mut lower, mut upper) = (u64::MAX, 0);
+        for r in 0..starts.len() {
+            let (lo, hi) = (starts[r], end(r, starts));
+            if lo == hi {
+                continue;
+            }
+            let share = q * through[hi - 1];
+            let at = lo + through[lo..hi].partition_point(|&w| w <= share);
+            lower = lower.min(items[at.saturating_sub(1).max(lo)]);
+            upper = upper.max(items[(at + 1).min(hi - 1)]);
+        }
+        // The keys between the bounds, run by run; the weight below them;
+        // the keys next to them.
+        runs.near.clear();
+        runs.near_starts.clear();
+        let mut below = 0.0;
+        let (mut before, mut after): (Option<u64>, Option<u64>) = (None, None);
+        for r in 0..starts.len() {
+            let run = &items[starts[r]..end(r, starts)];
+            let from = run.partition_point(|&k| k < lower);
+            let to = run.partition_point(|&k| k <= upper);
+            if from > 0 {
+                below += through[starts[r] + from - 1];
+                before = before.max(Some(run[from - 1]));
+            }
+            if let Some(&k) = run.get(to) {
+                after = Some(after.map_or(k, |a| a.min(k)));
+            }
+            if from < to {
+                runs.near_starts.push(runs.near.len());
+                runs.near.extend_from_slice(&run[from..to]);
+            }
+        }
+        if below > rank {
+            return None;
+        }
+        merge_pairwise(&mut runs.near, &mut runs.near_starts, &mut runs.spare);
+        let near = &runs.near;
+        let mut t = below;
+        let mut prev = before.map(centroid);
+        for (i, &k) in near.iter().enumerate() {
+            let c = centroid(k);
+            if rank < t + c.weight {
+                let next = near.get(i + 1).copied().or(after).map(centroid);
+                return Some(interpolate_at(c, prev, next, rank, t, bounds));
+            }
+            t += c.weight;
+            prev = Some(c);
+        }
+        None
+    }
+}
+
+/// `estimate_quantile`'s walk to `rank` over centroids `next` yields in
+/// ascending (descending) order, `count` values in all.
+fn walk_to(
+    rank: f64,
+    count: f64,
+    descending: bool,
+    bounds: (f64, f64),
+    mut next: impl FnMut() -> Option<Centroid>,
+) -> f64 {
+    // The centroid walked before the current one, and the one before
+    // that: a neighbour when the walk runs off the far end.
+    let (mut prev, mut prev2): (Option<Centroid>, Option<Centroid>) = (None, None);
+    if descending {
+        let mut t = count;
+        while let Some(c) = next() {
+            t -= c.weight;
+            if rank >= t {
+                return interpolate_at(c, next(), prev, rank, t, bounds);
+            }
+            (prev2, prev) = (prev, Some(c));
+        }
+        // Never reached: the lowest centroid, as `estimate_quantile`
+        // leaves it.
+        let c = prev.expect("a view holds a centroid");
+        interpolate_at(c, None, prev2, rank, t, bounds)
+    } else {
+        let mut t = 0.0;
+        while let Some(c) = next() {
+            if rank < t + c.weight {
+                return interpolate_at(c, prev, next(), rank, t, bounds);
+            }
+            t += c.weight;
+            (prev2, prev) = (prev, Some(c));
+        }
+        let c = prev.expect("a view holds a centroid");
+        interpolate_at(c, prev2, None, rank, t, bounds)
     }
 }
 
@@ -330,6 +458,9 @@ struct Walk<'a> {
     items: &'a [u64],
     /// Per run, the part not yet taken.
     left: &'a mut Vec<(usize, usize)>,
+    /// Per run, the key at its near end: a step scans these alone,
+    /// without a branch on which is best.
+    heads: &'a mut Vec<u64>,
     descending: bool,
 }
 
@@ -343,32 +474,38 @@ impl<'a> Walk<'a> {
                 .map(|r| (starts[r], starts.get(r + 1).copied().unwrap_or(n)))
                 .filter(|(lo, hi)| lo < hi),
         );
+        let items = &runs.items;
+        runs.heads.clear();
+        runs.heads.extend(
+            runs.walk
+                .iter()
+                .map(|&(lo, hi)| if descending { items[hi - 1] } else { items[lo] }),
+        );
         Walk {
-            items: &runs.items,
+            items,
             left: &mut runs.walk,
+            heads: &mut runs.heads,
             descending,
         }
     }
 
     fn next(&mut self) -> Option<Centroid> {
-        let items = self.items;
-        let mut best: Option<(usize, u64)> = None;
-        for (r, &(lo, hi)) in self.left.iter().enumerate() {
-            let k = if self.descending {
-                items[hi - 1]
-            } else {
-                items[lo]
-            };
-            // Equal keys are the same centroid: either may go first.
-            let better = match best {
-                None => true,
-                Some((_, b)) => (k > b) == self.descending && k != b,
-            };
-            if better {
-                best = Some((r, k));
+        let (&first, rest) = self.heads.split_first()?;
+        // Equal keys are the same centroid: either may go first.
+        let (mut r, mut best) = (0, first);
+        if self.descending {
+            for (i, &k) in rest.iter().enumerate() {
+                let better = k > best;
+                best = best.max(k);
+                r = if better { i + 1 } else { r };
+            }
+        } else {
+            for (i, &k) in rest.iter().enumerate() {
+                let better = k < best;
+                best = best.min(k);
+                r = if better { i + 1 } else { r };
             }
         }
-        let (r, k) = best?;
         let run = &mut self.left[r];
         if self.descending {
             run.1 -= 1;
@@ -377,8 +514,11 @@ impl<'a> Walk<'a> {
         }
         if run.0 == run.1 {
             self.left.swap_remove(r);
+            self.heads.swap_remove(r);
+        } else {
+            self.heads[r] = self.items[if self.descending { run.1 - 1 } else { run.0 }];
         }
-        Some(centroid(k))
+        Some(centroid(best))
     }
 }
 
@@ -711,11 +851,67 @@ mod tests {
     }
 
     #[test]
+    fn a_middle_quantile_read_between_bounds_is_the_full_walks() {
+        // Slices of one traffic (as a channel's are) and of shifting ones.
+        let mut rng = Rng(0x2d35_8dcc_aa6c_78a5);
+        let (mut held, mut cases) = (0, 0);
+        for case in 0..2_000 {
+            let slices: Vec<Slice> = match rng.below(2) {
+                0 => random_slices(&mut rng, 30),
+                _ => {
+                    let n = 3 + rng.below(24) as usize;
+                    let base = rng.below(5_000) as f64;
+                    let spread = 1 + rng.below(3_000);
+                    (0..n)
+                        .map(|_| {
+                            let values: Vec<f64> = (0..1 + rng.below(150))
+                                .map(|_| base + rng.below(spread) as f64)
+                                .collect();
+                            let t = TDigest::new_with_size(25).merge_unsorted(values);
+                            let cs = t
+                                .centroids()
+                                .iter()
+                                .map(|c| (c.mean() as f32, c.weight() as f32))
+                                .collect();
+                            let (lo, hi) = (t.min().unwrap() as f32, t.max().unwrap() as f32);
+                            (cs, t.count(), t.sum(), lo, hi)
+                        })
+                        .collect()
+                }
+            };
+            for q in [0.11, 0.25, 0.4, 0.5] {
+                let mut full = view(|runs| add_slices(runs, &slices)).unwrap();
+                let mut near = view(|runs| add_slices(runs, &slices)).unwrap();
+                if near.runs.starts.len() < 3 {
+                    continue;
+                }
+                cases += 1;
+                let rank = q * full.count();
+                let bounds = (full.min(), full.max());
+                full.runs.merge_runs();
+                let want = full.estimate_quantile(q).to_bits();
+                if let Some(got) = near.bracketed(q, rank, bounds) {
+                    held += 1;
+                    assert_eq!(got.to_bits(), want, "case {case} q {q}");
+                }
+            }
+        }
+        // The bounds hold nearly always: the shortcut is the usual path.
+        assert!(held * 10 > cases * 9, "{held} of {cases}");
+    }
+
+    #[test]
     fn values_are_added_as_the_crate_adds_them() {
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         for case in 0..2_000 {
             let size = [5, 25, 25, 100][rng.below(4) as usize];
-            let existing = (rng.below(4) != 0).then(|| slice(&mut rng, size));
+            // Mostly stored at the compression it takes values at; now
+            // and then at another (a larger one is compressed first).
+            let stored = match rng.below(5) {
+                0 => [5, 25, 100][rng.below(3) as usize],
+                _ => size,
+            };
+            let existing = (rng.below(4) != 0).then(|| slice(&mut rng, stored));
             let spread = [3, 50, 2_000, 60_000][rng.below(4) as usize];
             let values: Vec<f32> = (0..rng.below(130))
                 .map(|_| rng.below(spread) as f32 + 0.25 * rng.below(4) as f32)

@@ -24,6 +24,14 @@ pub struct Runs {
     pub(super) value_keys: Vec<u32>,
     /// A view's walk: per run, the part not yet taken.
     pub(super) walk: Vec<(usize, usize)>,
+    /// And the key at each one's near end.
+    pub(super) heads: Vec<u64>,
+    /// A walk to a middle quantile: each key's weight with those before
+    /// it in its run, and the keys it merges (with where each run's
+    /// start) around the quantile.
+    pub(super) weight_through: Vec<f64>,
+    pub(super) near: Vec<u64>,
+    pub(super) near_starts: Vec<usize>,
     /// Whether a run was added that is not known to be in order.
     pub(super) unchecked: bool,
     pub(super) count: f64,
@@ -95,28 +103,7 @@ impl Runs {
 
     /// Merges runs known to be in order pairwise into one.
     pub(super) fn merge_runs(&mut self) {
-        let n = self.items.len();
-        self.spare.clear();
-        self.spare.resize(n, 0);
-        while self.starts.len() > 1 {
-            let mut next = 0;
-            let mut r = 0;
-            while r < self.starts.len() {
-                let lo = self.starts[r];
-                let mid = self.starts.get(r + 1).copied().unwrap_or(n);
-                let hi = self.starts.get(r + 2).copied().unwrap_or(n);
-                merge_into(
-                    &self.items[lo..mid],
-                    &self.items[mid..hi],
-                    &mut self.spare[lo..hi],
-                );
-                self.starts[next] = lo;
-                next += 1;
-                r += 2;
-            }
-            self.starts.truncate(next);
-            std::mem::swap(&mut self.items, &mut self.spare);
-        }
+        merge_pairwise(&mut self.items, &mut self.starts, &mut self.spare);
     }
 
     /// Makes sure every run is in order: a run that is not (two `f64`
@@ -144,6 +131,16 @@ impl Runs {
     /// The digest `TDigest::new` makes of what was added (one digest, at
     /// most), with `values` merged in as `TDigest::merge_unsorted` merges
     /// them; `None` if both are empty.
+    ///
+    /// `merge_unsorted` compresses one ascending stream of the digest's
+    /// centroids and the sorted values, a centroid first only when its
+    /// mean is strictly less. Each value is the centroid `(v, 1)` and is
+    /// merged in as its key: a centroid of mean `v` weighs at least 1 (it
+    /// is a count of values), so its key is never below the value's, and
+    /// one weighing 1 is the same centroid. The keys order as `<` does,
+    /// since no value is NaN or `-0.0` (they are `i32`s, see
+    /// [`crate::window`]'s staging), so the stream is the same, merged
+    /// without a branch on which comes next.
     pub(super) fn finish_with_values(
         &mut self,
         max_size: usize,
@@ -153,33 +150,65 @@ impl Runs {
         if values.is_empty() {
             return self.finish(max_size);
         }
+        debug_assert!(values
+            .iter()
+            .all(|v| !v.is_nan() && v.to_bits() != (-0.0f32).to_bits()));
         self.sort();
-        self.decoded.clear();
-        if self.items.len() > max_size {
-            compress_into(
-                self.items.iter().map(|&k| centroid(k)),
-                max_size,
-                self.count,
-                &mut self.decoded,
-            );
-        } else {
-            self.decoded.extend(self.items.iter().map(|&k| centroid(k)));
-        }
         // Sorted as `f32` keys of the same total order (cheaper to compare
         // than widened `f64`s; equal keys are equal values).
         self.value_keys.clear();
         self.value_keys
             .extend(values.iter().map(|&v| ordered_bits(v)));
         self.value_keys.sort_unstable();
-        self.values.clear();
-        self.values
-            .extend(self.value_keys.iter().map(|&k| from_ordered_bits(k) as f64));
-        let (first, last) = (self.values[0], self.values[self.values.len() - 1]);
+        let first = from_ordered_bits(self.value_keys[0]) as f64;
+        let last = from_ordered_bits(self.value_keys[self.value_keys.len() - 1]) as f64;
         let (min, max) = match (self.count > 0.0, self.min, self.max) {
             (true, Some(lo), Some(hi)) => (lo.min(first), hi.max(last)),
             _ => (first, last),
         };
-        let count = self.count + self.values.len() as f64;
+        let count = self.count + values.len() as f64;
+        let compressed = if self.items.len() > max_size {
+            self.compressed_then_values(max_size, count)
+        } else {
+            let one = ordered_bits(1.0) as u64;
+            self.spare.clear();
+            self.spare
+                .extend(self.value_keys.iter().map(|&k| ((k as u64) << 32) | one));
+            let m = self.items.len();
+            let n = m + self.spare.len();
+            self.items.resize(m + n, 0);
+            let (centroids, out) = self.items.split_at_mut(m);
+            merge_into(centroids, &self.spare, out);
+            compress(
+                out.iter().map(|&k| centroid(k)),
+                max_size.min(n),
+                max_size,
+                count,
+            )
+        };
+        Some(MergedDigest {
+            centroids: compressed,
+            count,
+            min,
+            max,
+        })
+    }
+
+    /// [`Runs::finish_with_values`] of a digest stored at another
+    /// compression: compressed to `max_size` first (its means are no
+    /// longer `f32`s, so they are compared as they are), then merged with
+    /// the sorted `value_keys`.
+    fn compressed_then_values(&mut self, max_size: usize, count: f64) -> Vec<Centroid> {
+        self.decoded.clear();
+        compress_into(
+            self.items.iter().map(|&k| centroid(k)),
+            max_size,
+            self.count,
+            &mut self.decoded,
+        );
+        self.values.clear();
+        self.values
+            .extend(self.value_keys.iter().map(|&k| from_ordered_bits(k) as f64));
         // `TDigest::compress_sorted`: the centroids and the values in one
         // ascending stream (a centroid first only when strictly less).
         let (centroids, values) = (&self.decoded, &self.values);
@@ -199,13 +228,7 @@ impl Runs {
             }
         };
         let capacity = max_size.min(centroids.len() + values.len());
-        let compressed = compress(std::iter::from_fn(next), capacity, max_size, count);
-        Some(MergedDigest {
-            centroids: compressed,
-            count,
-            min,
-            max,
-        })
+        compress(std::iter::from_fn(next), capacity, max_size, count)
     }
 
     pub(super) fn clear(&mut self) {
@@ -215,6 +238,33 @@ impl Runs {
         self.count = 0.0;
         self.min = None;
         self.max = None;
+    }
+}
+
+/// Merges the ordered runs of `items` (each starting at one of `starts`)
+/// pairwise, pass after pass, into one; `spare` is the other buffer of
+/// each pass.
+pub(super) fn merge_pairwise(items: &mut Vec<u64>, starts: &mut Vec<usize>, spare: &mut Vec<u64>) {
+    if starts.len() < 2 {
+        return;
+    }
+    let n = items.len();
+    // Every key of it is written before it is read.
+    spare.resize(n, 0);
+    while starts.len() > 1 {
+        let mut next = 0;
+        let mut r = 0;
+        while r < starts.len() {
+            let lo = starts[r];
+            let mid = starts.get(r + 1).copied().unwrap_or(n);
+            let hi = starts.get(r + 2).copied().unwrap_or(n);
+            merge_into(&items[lo..mid], &items[mid..hi], &mut spare[lo..hi]);
+            starts[next] = lo;
+            next += 1;
+            r += 2;
+        }
+        starts.truncate(next);
+        std::mem::swap(items, spare);
     }
 }
 
