@@ -350,8 +350,11 @@ impl ViewDigest {
             return None;
         }
         let (items, starts, through) = (&runs.items, &runs.starts, &runs.weight_through);
-        // The bounds: around the key at which each run's weight passes
-        // its share `q`, the lowest key before one and the highest after.
+        // The bounds: the lowest and highest of the runs' own answers,
+        // the key at which a run's weight passes its share `q`. No key
+        // below the lowest passes the rank (each run's part below it
+        // weighs at most its share), and the highest passes it (each
+        // run's part up to it weighs more than its share).
         let (mut lower, mut upper) = (u64::MAX, 0);
         for r in 0..starts.len() {
             let (lo, hi) = (starts[r], end(r, starts));
@@ -360,8 +363,9 @@ impl ViewDigest {
             }
             let share = q * through[hi - 1];
             let at = lo + through[lo..hi].partition_point(|&w| w <= share);
-            lower = lower.min(items[at.saturating_sub(1).max(lo)]);
-            upper = upper.max(items[(at + 1).min(hi - 1)]);
+            let answer = items[at.min(hi - 1)];
+            lower = lower.min(answer);
+            upper = upper.max(answer);
         }
         // The keys between the bounds, run by run; the weight below them;
         // the keys next to them.
