@@ -309,13 +309,11 @@ impl ViewDigest {
         let mut walk = Walk::new(&mut self.runs, descending);
         walk_to(rank, count, descending, bounds, || walk.next())
     }
-}
 
-impl ViewDigest {
     /// The ascending walk of [`ViewDigest::estimate_quantile`] to `rank`
     /// (quantile `q`, nearer the middle), without merging every run: only
-    /// the keys between two bounds, taken around each run's own quantile
-    /// `q`, are merged and walked, from the weight of all keys below
+    /// the keys between the lowest and highest of the runs' own answers
+    /// at `q` are merged and walked, from the weight of all keys below
     /// them. `None` when the bounds miss the walk's answer or a weight is
     /// not a whole number (the caller merges every run and walks them).
     ///
@@ -328,12 +326,10 @@ impl ViewDigest {
     fn bracketed(&mut self, q: f64, rank: f64, bounds: (f64, f64)) -> Option<f64> {
         let runs = &mut self.runs;
         let n = runs.items.len();
-        let end = |r: usize, starts: &[usize]| starts.get(r + 1).copied().unwrap_or(n);
         // Each key's weight with those before it in its run.
         runs.weight_through.resize(n, 0.0);
         let mut whole = true;
-        for r in 0..runs.starts.len() {
-            let (lo, hi) = (runs.starts[r], end(r, &runs.starts));
+        for (lo, hi) in spans(&runs.starts, n) {
             let mut sum = 0.0;
             for (&k, through) in runs.items[lo..hi]
                 .iter()
@@ -356,8 +352,7 @@ impl ViewDigest {
         // weighs at most its share), and the highest passes it (each
         // run's part up to it weighs more than its share).
         let (mut lower, mut upper) = (u64::MAX, 0);
-        for r in 0..starts.len() {
-            let (lo, hi) = (starts[r], end(r, starts));
+        for (lo, hi) in spans(starts, n) {
             if lo == hi {
                 continue;
             }
@@ -373,12 +368,12 @@ impl ViewDigest {
         runs.near_starts.clear();
         let mut below = 0.0;
         let (mut before, mut after): (Option<u64>, Option<u64>) = (None, None);
-        for r in 0..starts.len() {
-            let run = &items[starts[r]..end(r, starts)];
+        for (lo, hi) in spans(starts, n) {
+            let run = &items[lo..hi];
             let from = run.partition_point(|&k| k < lower);
             let to = run.partition_point(|&k| k <= upper);
             if from > 0 {
-                below += through[starts[r] + from - 1];
+                below += through[lo + from - 1];
                 before = before.max(Some(run[from - 1]));
             }
             if let Some(&k) = run.get(to) {
@@ -473,11 +468,8 @@ impl<'a> Walk<'a> {
         let n = runs.items.len();
         runs.walk.clear();
         let starts = &runs.starts;
-        runs.walk.extend(
-            (0..starts.len())
-                .map(|r| (starts[r], starts.get(r + 1).copied().unwrap_or(n)))
-                .filter(|(lo, hi)| lo < hi),
-        );
+        runs.walk
+            .extend(spans(starts, n).filter(|(lo, hi)| lo < hi));
         let items = &runs.items;
         runs.heads.clear();
         runs.heads.extend(

@@ -27,8 +27,8 @@ pub struct Runs {
     /// And the key at each one's near end.
     pub(super) heads: Vec<u64>,
     /// A walk to a middle quantile: each key's weight with those before
-    /// it in its run, and the keys it merges (with where each run's
-    /// start) around the quantile.
+    /// it in its run, and the keys it merges around the quantile (with
+    /// where each run of them starts).
     pub(super) weight_through: Vec<f64>,
     pub(super) near: Vec<u64>,
     pub(super) near_starts: Vec<usize>,
@@ -113,13 +113,8 @@ impl Runs {
         if !self.unchecked {
             return true;
         }
-        let n = self.items.len();
-        let runs_in_order = (0..self.starts.len()).all(|r| {
-            let end = self.starts.get(r + 1).copied().unwrap_or(n);
-            self.items[self.starts[r]..end]
-                .windows(2)
-                .all(|w| w[0] <= w[1])
-        });
+        let runs_in_order = spans(&self.starts, self.items.len())
+            .all(|(lo, hi)| self.items[lo..hi].windows(2).all(|w| w[0] <= w[1]));
         if !runs_in_order {
             self.items.sort_unstable();
             self.starts.clear();
@@ -239,6 +234,11 @@ impl Runs {
         self.min = None;
         self.max = None;
     }
+}
+
+/// Where each run lies in `n` gathered keys: `(start, end)` per start.
+pub(super) fn spans(starts: &[usize], n: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    (0..starts.len()).map(move |r| (starts[r], starts.get(r + 1).copied().unwrap_or(n)))
 }
 
 /// Merges the ordered runs of `items` (each starting at one of `starts`)
